@@ -1,0 +1,1 @@
+"""conformance: the suite a chip vendor runs against its plugin."""

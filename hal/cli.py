@@ -1,0 +1,79 @@
+"""The `hal` command: `hal info`, and subcommands contributed by the packages above hal.
+
+Subcommands that live in higher layers (bridge benchmarks, conformance, the demo) are named here
+by module path and imported only when chosen, so `hal` itself imports no layer above it.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import Callable, Optional
+
+# name -> (module, one-line help). Each module has `add_arguments(parser)` and `run(args) -> int`.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("hal.cli_info", "show the contract, plugins, chips and the bound accelerator"),
+    "ops-check": ("hal.cli_ops_check", "run every HAL op on every discovered chip (emulated) against the reference"),
+    "new-plugin": ("hal.cli_new_plugin", "write a ready-to-install plugin package for a new chip"),
+    "bench": ("ccl_bridge.cli_bench", "benchmarks: `hal bench comm` prints an nccl-tests style table"),
+    "demo": ("hal.cli_demo", "the main job: train on an emulated mixed cluster (the README's run command)"),
+    "conformance": ("conformance.cli", "run the conformance suite against a plugin"),
+}
+
+EPILOG = """environment:
+  HAL_CHIP=NAME                 bind this chip (natively)
+  HAL_EMULATE=cuda:2,ascend:2   emulate chips per global rank (or one name for every rank)
+  HAL_CLUSTER=FILE.toml         take each rank's chip from a cluster spec
+  HAL_PLUGINS=a,b               load exactly these plugins (entry-point names or modules)
+  HAL_DISABLE_PLUGIN_AUTOLOAD=1 load no entry-point plugins
+  HAL_CPU_CCL=gloo|shm          CPU fabric for the cpu chip and emulated chips
+
+examples:
+  hal info --json
+  HAL_EMULATE=ascend hal ops-check
+  hal demo
+"""
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable]]:
+    parser = argparse.ArgumentParser(
+        prog="hal", description="Heterogeneous-accelerator abstraction layer: one contract for NVIDIA, "
+        "Ascend and Kunlun chips (and yours), mixed in one torch.distributed job.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    runners: dict[str, Callable] = {}
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue  # that layer is not installed (or not built yet): no such subcommand
+            raise
+        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(p)
+        runners[name] = module.run
+    return parser, runners
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser, runners = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 0
+    from .errors import HalError
+    try:
+        return int(runners[args.command](args) or 0)
+    except HalError as exc:
+        print(f"hal {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+def print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Emulated chips: a real chip's identity and profile on CPU tensors, with a CPU fabric for its CCL.
+
+`HAL_EMULATE` maps global ranks (torchrun order) to chips: `cuda:2,ascend:2` makes ranks 0-1 cuda and
+2-3 ascend; a bare name (`ascend`) makes every rank that chip. `HAL_EMULATE_DILATION=1` slows each
+emulated chip in wall time by the ratio of the fastest mapped chip's peak bf16 FLOP/s to its own
+(see `runtime.EmulatedRuntime`). `HAL_CPU_CCL` picks the CPU fabric (`gloo`, the default).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from datetime import timedelta
+from functools import lru_cache
+from importlib import resources
+from typing import Optional
+
+import torch.distributed as dist
+
+from .capabilities import CapabilityMatrix
+from .errors import ChipSelectionError
+
+_ITEM = re.compile(r"^([a-z][a-z0-9_]*)(?::(\d+))?$")
+
+
+def parse_emulate_map(text: str) -> list[tuple[str, Optional[int]]]:
+    """`cuda:2,ascend:2` -> [("cuda", 2), ("ascend", 2)]; `ascend` -> [("ascend", None)]."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ChipSelectionError(f"HAL_EMULATE={text!r} names no chip; expected e.g. 'cuda:2,ascend:2' or 'ascend'")
+    out = []
+    for item in items:
+        m = _ITEM.match(item)
+        if not m:
+            raise ChipSelectionError(f"HAL_EMULATE item {item!r} is not 'chip' or 'chip:count' (in {text!r})")
+        count = int(m.group(2)) if m.group(2) is not None else None
+        if count == 0:
+            raise ChipSelectionError(f"HAL_EMULATE item {item!r}: count must be >= 1 (in {text!r})")
+        out.append((m.group(1), count))
+    if len(out) > 1 and any(c is None for _, c in out):
+        raise ChipSelectionError(f"HAL_EMULATE={text!r}: with several chips every item needs a count, "
+                                 f"e.g. 'cuda:2,ascend:2'")
+    return out
+
+
+def emulated_ranks(text: str, world_size: Optional[int] = None) -> Optional[list[str]]:
+    """Chip of every global rank, or None for a single-name map (every rank, any world size)."""
+    items = parse_emulate_map(text)
+    if items[0][1] is None:
+        return None
+    ranks = [chip for chip, count in items for _ in range(count or 0)]
+    if world_size is not None and len(ranks) != world_size:
+        raise ChipSelectionError(f"HAL_EMULATE={text!r} maps {len(ranks)} ranks but WORLD_SIZE is {world_size}")
+    return ranks
+
+
+def emulated_chip_for_rank(text: str, rank: int, world_size: Optional[int] = None) -> str:
+    items = parse_emulate_map(text)
+    ranks = emulated_ranks(text, world_size)
+    if ranks is None:
+        return items[0][0]
+    if not 0 <= rank < len(ranks):
+        raise ChipSelectionError(f"HAL_EMULATE={text!r} maps ranks 0..{len(ranks) - 1}; rank {rank} is outside it")
+    return ranks[rank]
+
+
+def chips_in_map(text: str) -> list[str]:
+    return [chip for chip, _ in parse_emulate_map(text)]
+
+
+@lru_cache(maxsize=None)
+def cpu_fabric_capabilities(backend: str = "gloo") -> CapabilityMatrix:
+    """What the CPU fabric really supports, as measured by `python -m hal_cpu.measure_capabilities`
+    (the data file records the torch version it was measured with)."""
+    name = f"{backend}_capabilities.json"
+    data = json.loads(resources.files("hal").joinpath("data", name).read_text())
+    return CapabilityMatrix(chip="cpu", entries=frozenset(tuple(e) for e in data["entries"]),
+                            source=data["source"])
+
+
+def emulated_capabilities(vendor: CapabilityMatrix) -> CapabilityMatrix:
+    """An emulated chip can do natively what its vendor CCL declares *and* the CPU fabric does."""
+    return vendor.intersect(cpu_fabric_capabilities(cpu_ccl()), chip=vendor.chip,
+                            source=f"emulated: {vendor.source} ∩ CPU fabric {cpu_ccl()}")
+
+
+def cpu_ccl() -> str:
+    """The CPU fabric selected by `HAL_CPU_CCL` (default gloo)."""
+    name = os.environ.get("HAL_CPU_CCL", "gloo").strip().lower() or "gloo"
+    if name not in ("gloo", "shm"):
+        raise ChipSelectionError(f"HAL_CPU_CCL={name!r}: expected 'gloo' or 'shm'")
+    return name
+
+
+def create_cpu_process_group(store: dist.Store, rank: int, world_size: int,
+                             timeout: timedelta) -> dist.ProcessGroup:
+    """The CPU fabric's group for `world_size` ranks, built straight from `store` (usable inside a
+    backend creator, where no default group exists yet)."""
+    backend = cpu_ccl()
+    if backend == "shm":
+        from .shm_fabric import create_shm_process_group  # the C++ shared-memory fabric
+        return create_shm_process_group(store, rank, world_size, timeout)
+    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+
+def dilation_for(chip_peak: Optional[float], peers_peak: list[Optional[float]]) -> float:
+    """Slow-down factor: fastest known peer peak / this chip's peak (1 if either is unknown)."""
+    known = [p for p in peers_peak if p]
+    if not chip_peak or not known:
+        return 1.0
+    return max(1.0, max(known) / chip_peak)

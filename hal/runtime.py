@@ -1,0 +1,265 @@
+"""The per-chip device runtime: the small surface a plugin implements (devices, streams, memory, RNG).
+
+Names follow `torch.accelerator` / `torch.cuda`. A plugin for a chip whose PyTorch adapter mirrors
+the torch.cuda module (torch.cuda itself, torch_npu's torch.npu) returns `TorchDeviceRuntime(module,
+device_type)` and is done; `CpuRuntime` serves the `cpu` chip and every emulated chip.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Optional
+
+import torch
+
+
+class DeviceRuntime:
+    """What the HAL needs from a chip's runtime. Every method is bound once by the accelerator."""
+
+    device_type: str = "cpu"
+
+    def device_count(self) -> int:
+        raise NotImplementedError
+
+    def current_device_index(self) -> int:
+        raise NotImplementedError
+
+    def set_device_index(self, index: int) -> None:
+        raise NotImplementedError
+
+    def device(self, index: Optional[int] = None) -> torch.device:
+        return torch.device(self.device_type, self.current_device_index() if index is None else index)
+
+    def synchronize(self, index: Optional[int] = None) -> None:
+        raise NotImplementedError
+
+    # Streams and events: classes with torch.cuda.Stream / torch.cuda.Event's interface.
+    Stream: Any = None
+    Event: Any = None
+
+    def current_stream(self) -> Any:
+        raise NotImplementedError
+
+    def memory_allocated(self) -> int:
+        raise NotImplementedError
+
+    def max_memory_allocated(self) -> int:
+        raise NotImplementedError
+
+    def memory_reserved(self) -> int:
+        raise NotImplementedError
+
+    def reset_peak_memory_stats(self) -> None:
+        raise NotImplementedError
+
+    def memory_stats(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def get_memory_info(self) -> tuple[int, int]:
+        """(free, total) bytes of device memory."""
+        raise NotImplementedError
+
+    def manual_seed(self, seed: int) -> None:
+        raise NotImplementedError
+
+    def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Page-locked host copy of `tensor` for fast, async host<->device copies."""
+        return tensor.pin_memory()
+
+    def supported_dtypes(self) -> tuple[torch.dtype, ...]:
+        return (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8,
+                torch.int16, torch.int32, torch.int64, torch.bool)
+
+
+class TorchDeviceRuntime(DeviceRuntime):
+    """Runtime over a torch device module with torch.cuda's function names (torch.cuda, torch.npu)."""
+
+    def __init__(self, module: Any, device_type: str, dtypes: Optional[tuple[torch.dtype, ...]] = None):
+        self.module = module
+        self.device_type = device_type
+        self.Stream = module.Stream
+        self.Event = module.Event
+        self._dtypes = dtypes
+        # Bind once: these are called on hot paths (synchronize, current_stream).
+        self.device_count = module.device_count
+        self.current_device_index = module.current_device
+        self.set_device_index = module.set_device
+        self.synchronize = module.synchronize
+        self.current_stream = module.current_stream
+        self.memory_allocated = module.memory_allocated
+        self.max_memory_allocated = module.max_memory_allocated
+        self.memory_reserved = module.memory_reserved
+        self.reset_peak_memory_stats = module.reset_peak_memory_stats
+        self.memory_stats = module.memory_stats
+        self.get_memory_info = module.mem_get_info
+        self.manual_seed = module.manual_seed
+
+    def supported_dtypes(self) -> tuple[torch.dtype, ...]:
+        return self._dtypes or super().supported_dtypes()
+
+
+class CpuStream:
+    """A stream on the host: work runs eagerly in issue order, so a stream is always idle."""
+
+    def __init__(self, device: Any = None, priority: int = 0):
+        self.device = torch.device("cpu")
+        self.priority = priority
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait_event(self, event: "CpuEvent") -> None:
+        event.synchronize()
+
+    def wait_stream(self, stream: "CpuStream") -> None:
+        return None
+
+    def record_event(self, event: Optional["CpuEvent"] = None) -> "CpuEvent":
+        event = event or CpuEvent()
+        event.record(self)
+        return event
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class CpuEvent:
+    """An event on the host: recording marks the time; everything before it has already run."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self.enable_timing = enable_timing
+        self._t: Optional[float] = None
+
+    def record(self, stream: Optional[CpuStream] = None) -> None:
+        self._t = time.perf_counter()
+
+    def query(self) -> bool:
+        return self._t is not None
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait(self, stream: Optional[CpuStream] = None) -> None:
+        return None
+
+    def elapsed_time(self, end: "CpuEvent") -> float:
+        """Milliseconds between this event and `end`, like torch.cuda.Event.elapsed_time."""
+        if self._t is None or end._t is None:
+            raise RuntimeError("elapsed_time: both events must be recorded first")
+        return (end._t - self._t) * 1e3
+
+
+_CURRENT_CPU_STREAM = CpuStream()
+
+
+def _read_proc(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+class CpuRuntime(DeviceRuntime):
+    """The host as a device. Memory figures are the process's resident set (Linux /proc), since
+    torch's CPU allocator keeps no statistics; `get_memory_info` is MemAvailable/MemTotal."""
+
+    device_type = "cpu"
+    Stream = CpuStream
+    Event = CpuEvent
+
+    def __init__(self) -> None:
+        self._peak = 0
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def device_count(self) -> int:
+        return 1
+
+    def current_device_index(self) -> int:
+        return 0
+
+    def set_device_index(self, index: int) -> None:
+        # Every local rank shares the host: any index names it.
+        if index < 0:
+            raise ValueError(f"device index must be >= 0, got {index}")
+
+    def device(self, index: Optional[int] = None) -> torch.device:
+        return torch.device("cpu")
+
+    def synchronize(self, index: Optional[int] = None) -> None:
+        return None
+
+    def current_stream(self) -> CpuStream:
+        return _CURRENT_CPU_STREAM
+
+    def memory_allocated(self) -> int:
+        text = _read_proc("/proc/self/statm")
+        rss = int(text.split()[1]) * self._page if text else 0
+        self._peak = max(self._peak, rss)
+        return rss
+
+    def max_memory_allocated(self) -> int:
+        return max(self._peak, self.memory_allocated())
+
+    def memory_reserved(self) -> int:
+        return self.memory_allocated()
+
+    def reset_peak_memory_stats(self) -> None:
+        self._peak = 0
+
+    def memory_stats(self) -> dict[str, Any]:
+        cur = self.memory_allocated()
+        return {"allocated_bytes.all.current": cur, "allocated_bytes.all.peak": self.max_memory_allocated(),
+                "source": "process resident set size (/proc/self/statm)"}
+
+    def get_memory_info(self) -> tuple[int, int]:
+        text = _read_proc("/proc/meminfo") or ""
+        info = {}
+        for line in text.splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts:
+                info[key] = int(parts[0]) * 1024
+        total = info.get("MemTotal", 0)
+        return info.get("MemAvailable", total), total
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
+        # Pinning needs an accelerator runtime; on a CPU-only build a host tensor is already
+        # where a copy engine would read it from.
+        if torch.cuda.is_available():
+            return tensor.pin_memory()
+        return tensor.contiguous()
+
+
+class EmulatedRuntime(CpuRuntime):
+    """A chip emulated on the host, optionally slowed to the chip's speed.
+
+    With `dilation` d > 1, `synchronize()` sleeps (d - 1) x the process CPU time used since the last
+    synchronize, so a chip with a fraction 1/d of another's peak takes about d times the wall time.
+    """
+
+    def __init__(self, chip: str, dilation: float = 1.0) -> None:
+        super().__init__()
+        if dilation < 1.0:
+            raise ValueError(f"emulation dilation for chip {chip!r} must be >= 1, got {dilation}")
+        self.chip = chip
+        self.dilation = dilation
+        self._last_cpu = time.process_time()
+        if dilation > 1.0:
+            self.synchronize = self._dilated_synchronize  # type: ignore[method-assign]
+
+    def _dilated_synchronize(self, index: Optional[int] = None) -> None:
+        now = time.process_time()
+        used, self._last_cpu = now - self._last_cpu, now
+        if used > 0:
+            time.sleep(used * (self.dilation - 1.0))
+        self._last_cpu = time.process_time()
