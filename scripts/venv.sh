@@ -13,10 +13,14 @@ fi
 # Reinstall only when what the install depends on changed (pyproject, setup.py, C++ sources).
 STAMP="$VENV/.hal-install-stamp"
 WANT="$(cat "$ROOT/pyproject.toml" "$ROOT"/setup.py "$ROOT"/csrc/* 2>/dev/null | sha256sum | cut -d' ' -f1)"
+# flock: several shells (or CI steps) may call this at once; one installs, the others wait.
+exec 9>"$VENV/.hal-install-lock"
+flock 9
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   echo "[venv] installing torch==2.13.0 and the project (editable)"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]"
   echo "$WANT" > "$STAMP"
 fi
+flock -u 9
 export PATH="$VENV/bin:$PATH"
