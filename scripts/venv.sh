@@ -12,7 +12,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # Reinstall only when what the install depends on changed (pyproject, setup.py, C++ sources).
 STAMP="$VENV/.hal-install-stamp"
-WANT="$(cat "$ROOT/pyproject.toml" "$ROOT"/setup.py "$ROOT"/csrc/* 2>/dev/null | sha256sum | cut -d' ' -f1)"
+WANT="$( (cat "$ROOT/pyproject.toml" "$ROOT"/setup.py "$ROOT"/csrc/* 2>/dev/null || true) | sha256sum | cut -d' ' -f1)"
 # flock: several shells (or CI steps) may call this at once; one installs, the others wait.
 exec 9>"$VENV/.hal-install-lock"
 flock 9
