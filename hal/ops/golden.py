@@ -177,7 +177,7 @@ def _sdpa_cases(d, s):
 
     def fully_masked(g, dev):
         m = torch.ones((S, S), dtype=torch.bool)
-        m[2] = False  # query 2 sees no key: the reference gives zeros (torch would give NaN)
+        m[2] = False  # query 2 sees no key: the reference gives zeros (older torch gave NaN)
         return m.to(dev)
 
     def bshd(g, dev):  # (B, S, H, D) storage viewed as (B, H, S, D), as after a projection

@@ -64,7 +64,8 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
     `attn_mask` is boolean (True = attend) or additive float, broadcastable to (B, H, Sq, Sk).
     `is_causal` masks key j > query i (top-left aligned, like torch). A row with no key to attend
-    to gives zeros (torch gives NaN there; a NaN in training is never what anyone wants).
+    to gives zeros (as torch 2.13's CPU kernels do; older torch and some fused kernels give NaN, and a
+    NaN in training is never what anyone wants).
     """
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     scores = torch.matmul(_acc(q), _acc(k).transpose(-2, -1)) * scale  # (B, H, Sq, Sk)
@@ -100,6 +101,9 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 
 def swiglu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """x (..., 2n) split in halves a, b along `dim` -> silu(a) * b (..., n); torch_npu's npu_swiglu."""
+    if x.shape[dim] % 2:
+        raise ValueError(f"swiglu: dim {dim} of shape {tuple(x.shape)} has odd size {x.shape[dim]}; "
+                         f"expected 2n (the halves a, b)")
     a, b = _acc(x).chunk(2, dim=dim)
     return (a * torch.sigmoid(a) * b).to(x.dtype)
 

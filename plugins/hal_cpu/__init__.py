@@ -56,10 +56,11 @@ def hal_collective_capabilities(chip):
 
 
 def _sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None):
-    # torch's fused CPU kernel. Same semantics as the reference except a fully masked row: the
-    # reference gives zeros there, torch NaN; only route here when that cannot happen.
-    if attn_mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+    # torch's fused CPU kernel: same semantics as the reference, including zeros for a fully masked
+    # row (checked by the golden's fully_masked_row case). torch refuses a mask together with
+    # is_causal, so that combination takes the reference.
+    if attn_mask is None or not is_causal:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
     from hal.ops.reference import scaled_dot_product_attention
     return scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale)
 
