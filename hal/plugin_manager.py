@@ -140,8 +140,19 @@ class PluginManager:
         accepted = inspect.signature(fn).parameters
         return fn(**{k: v for k, v in kwargs.items() if k in accepted and k in argnames})
 
+    def _call_checked(self, plugin: Any, label: str, hook: str, **kwargs: Any) -> Any:
+        """`_call_own` while validating: a hook that raises refuses the plugin with an error naming
+        plugin and hook (not a bare traceback from inside the plugin)."""
+        try:
+            return self._call_own(plugin, hook, **kwargs)
+        except HalError:
+            raise
+        except Exception as exc:
+            chip = f"chip {kwargs['chip']!r}: " if "chip" in kwargs else ""
+            raise PluginValidationError(label, hook, f"{chip}raised {type(exc).__name__}: {exc}") from exc
+
     def _validate(self, plugin: Any, label: str, distribution: Optional[str]) -> PluginRecord:
-        info = self._call_own(plugin, "hal_plugin_info")
+        info = self._call_checked(plugin, label, "hal_plugin_info")
         if isinstance(info, dict):
             try:
                 info = PluginInfo(**info)
@@ -157,7 +168,7 @@ class PluginManager:
         if info.name in self.plugins:
             raise PluginValidationError(label, "hal_plugin_info", f"a plugin named {info.name!r} is already "
                                         f"registered (from {self.plugins[info.name].distribution})")
-        chips = self._call_own(plugin, "hal_chips") or []
+        chips = self._call_checked(plugin, label, "hal_chips") or []
         if not isinstance(chips, (list, tuple)) or not all(isinstance(c, ChipSpec) for c in chips):
             raise PluginValidationError(label, "hal_chips", f"returned {chips!r}, expected a list of hal.ChipSpec")
         if chips:
@@ -171,7 +182,7 @@ class PluginManager:
                 raise DuplicateChipError(label, "hal_chips", f"chip {chip.name!r} is already provided by "
                                          f"plugin {owner!r}")
             self._validate_profile(plugin, label, chip.name)
-            caps = self._call_own(plugin, "hal_collective_capabilities", chip=chip.name)
+            caps = self._call_checked(plugin, label, "hal_collective_capabilities", chip=chip.name)
             if not isinstance(caps, CapabilityMatrix):
                 raise PluginValidationError(label, "hal_collective_capabilities",
                                             f"chip {chip.name!r}: returned {caps!r}, expected hal.CapabilityMatrix")
@@ -187,7 +198,15 @@ class PluginManager:
 
     def _validate_profile(self, plugin: Any, label: str, chip: str, model: Optional[str] = None) -> ChipProfile:
         try:
-            prof = self._call_own(plugin, "hal_chip_profile", chip=chip, model=model)
+            # A profile the hook builds itself fails inside the hook: that is still a profile that
+            # does not validate (ProfileValidationError), not a crash of the hook.
+            try:
+                prof = self._call_own(plugin, "hal_chip_profile", chip=chip, model=model)
+            except (ValidationError, HalError):
+                raise
+            except Exception as exc:
+                raise PluginValidationError(label, "hal_chip_profile", f"chip {chip!r}: raised "
+                                            f"{type(exc).__name__}: {exc}") from exc
             if isinstance(prof, dict):
                 prof = ChipProfile(**prof)
         except ValidationError as exc:
@@ -204,7 +223,10 @@ class PluginManager:
     def _kernels_from(self, plugin: Any, label: str, chip: str, emulated: bool) -> list[OpKernel]:
         if self.pm.parse_hookimpl_opts(plugin, "hal_op_kernels") is None:
             return []
-        kernels = self._call_own(plugin, "hal_op_kernels", chip=chip, emulated=emulated) or []
+        kernels = self._call_checked(plugin, label, "hal_op_kernels", chip=chip, emulated=emulated) or []
+        if not isinstance(kernels, (list, tuple)):
+            raise PluginValidationError(label, "hal_op_kernels", f"chip {chip!r}: returned {kernels!r}, "
+                                        f"expected a list of hal.OpKernel")
         out = []
         for k in kernels:
             if not isinstance(k, OpKernel):
