@@ -1,0 +1,350 @@
+"""Collective benchmark in the style of nccl-tests: time, algbw, busbw and #wrong per message size.
+
+Runs inside an initialised torch.distributed job (torchrun). The default group is a gloo *control*
+group (barriers, gathering timings and error counts) so the group under test carries nothing but the
+collective being measured. Conventions follow nccl-tests (doc/PERFORMANCE.md):
+
+* size is the total message in bytes: the buffer of all_reduce / broadcast / reduce, the gathered
+  output of all_gather, the input of reduce_scatter, the send buffer of all_to_all; count = size / the
+  dtype's bytes (rounded down to a multiple of the group size where the op splits it);
+* algbw = size / time; busbw = algbw x factor: all_reduce 2(n-1)/n; all_gather, reduce_scatter,
+  all_to_all (n-1)/n; broadcast, reduce, send/recv 1;
+* time is per operation: each repeat runs `iters` operations back to back (each waited) between
+  barriers; a repeat's time is the slowest rank's; the table shows the median over repeats;
+* #wrong counts, over all ranks, the output elements that differ from the exact expected value (or
+  exceed the dtype's rounding for 16-bit floats) after one more checked run on fresh inputs.
+"""
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from hal.errors import HalError
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+BACKENDS = ("gloo", "hetero", "shm", "vendor")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32,
+          "int64": torch.int64}
+_SPLITS = ("all_gather", "reduce_scatter", "all_to_all")  # ops whose count splits over the ranks
+
+
+class BenchError(HalError, ValueError):
+    """A benchmark request that cannot run as given; the message names the option and value."""
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw for `op` on `n` ranks."""
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in _SPLITS:
+        return (n - 1) / n
+    if op in ("broadcast", "reduce", "send_recv"):
+        return 1.0
+    raise BenchError(f"bus_factor: unknown op {op!r}; expected one of {OPS}")
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgKMG]?)(i?[bB]?)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """'4K' -> 4096, '256M' -> 268435456, '1G', '1024' (binary multiples, as nccl-tests)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise BenchError(f"size {text!r} is not a byte count like 4096, 4K, 64M or 1G")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale)
+
+
+def size_ladder(min_bytes: int, max_bytes: int, factor: float = 2.0) -> list[int]:
+    """min, min*factor, ... up to max (inclusive)."""
+    if min_bytes < 1 or max_bytes < min_bytes:
+        raise BenchError(f"sizes: need 1 <= --min-bytes ({min_bytes}) <= --max-bytes ({max_bytes})")
+    if factor <= 1.0:
+        raise BenchError(f"--step-factor must be > 1, got {factor}")
+    sizes, s = [], float(min_bytes)
+    while s <= max_bytes * (1 + 1e-9):
+        sizes.append(int(s))
+        s *= factor
+    return sizes
+
+
+def human_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+@dataclass
+class Row:
+    """One line of the table; `repeats_us` keeps every repeat's time behind the median."""
+
+    op: str
+    size_bytes: int
+    count: int
+    dtype: str
+    redop: str
+    root: int
+    time_us: float
+    algbw_GBps: float
+    busbw_GBps: float
+    wrong: int
+    repeats_us: list = field(default_factory=list)
+    group: str = "world"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---- buffers, the operation, and the correctness check ------------------------------------------
+
+def _count_for(op: str, size_bytes: int, dtype: torch.dtype, n: int) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    count = max(1, size_bytes // elem)
+    if op in _SPLITS:
+        count = max(n, count - count % n)
+    return count
+
+
+def _pattern(count: int, offset: int, dtype: torch.dtype) -> torch.Tensor:
+    """Small non-negative integers (exact in every dtype, sums of a few ranks included)."""
+    return ((torch.arange(count, dtype=torch.int64) + offset) % 5).to(dtype)
+
+
+class OpCase:
+    """Buffers for one (op, size, dtype) on one rank, the call that runs it, and its expected output."""
+
+    def __init__(self, op: str, count: int, dtype: torch.dtype, group, rank: int, n: int,
+                 device: torch.device) -> None:
+        self.op, self.count, self.dtype, self.group, self.rank, self.n = op, count, dtype, group, rank, n
+        self.device = device
+        chunk = count // n if op in _SPLITS else count
+        self.chunk = chunk
+        if op == "all_reduce" or op == "broadcast":
+            self.inp = torch.empty(count, dtype=dtype, device=device)
+            self.out = self.inp
+        elif op == "all_gather":
+            self.inp = torch.empty(chunk, dtype=dtype, device=device)
+            self.out = torch.empty(count, dtype=dtype, device=device)
+        elif op == "reduce_scatter":
+            self.inp = torch.empty(count, dtype=dtype, device=device)
+            self.out = torch.empty(chunk, dtype=dtype, device=device)
+        elif op == "all_to_all":
+            self.inp = torch.empty(count, dtype=dtype, device=device)
+            self.out = torch.empty(count, dtype=dtype, device=device)
+        else:
+            raise BenchError(f"--op {op!r}: expected one of {OPS}")
+        self.fill()
+
+    def fill(self) -> None:
+        """Fresh inputs: rank r sends pattern + r (all_to_all: chunk j carries r * n + j)."""
+        r, n, c = self.rank, self.n, self.chunk
+        if self.op == "all_to_all":
+            self.inp.copy_(torch.cat([_pattern(c, r * n + j, self.dtype) for j in range(n)]))
+        elif self.op == "broadcast":
+            self.inp.copy_(_pattern(self.count, 1, self.dtype) if r == 0 else torch.zeros(self.count, dtype=self.dtype))
+        else:
+            self.inp.copy_(_pattern(self.inp.numel(), r, self.dtype))
+
+    def run(self) -> None:
+        g = self.group
+        if self.op == "all_reduce":
+            dist.all_reduce(self.inp, group=g)
+        elif self.op == "all_gather":
+            dist.all_gather_into_tensor(self.out, self.inp, group=g)
+        elif self.op == "reduce_scatter":
+            dist.reduce_scatter_tensor(self.out, self.inp, group=g)
+        elif self.op == "all_to_all":
+            dist.all_to_all_single(self.out, self.inp, group=g)
+        else:
+            dist.broadcast(self.inp, src=dist.get_global_rank(g, 0), group=g)
+
+    def expected(self) -> torch.Tensor:
+        """The exact result on this rank, in float64."""
+        r, n, c, d = self.rank, self.n, self.chunk, torch.float64
+        if self.op == "all_reduce":
+            return sum(_pattern(self.count, k, d) for k in range(n))
+        if self.op == "all_gather":
+            return torch.cat([_pattern(c, k, d) for k in range(n)])
+        if self.op == "reduce_scatter":
+            full = sum(_pattern(self.count, k, d) for k in range(n))
+            return full[r * c:(r + 1) * c]
+        if self.op == "all_to_all":
+            return torch.cat([_pattern(c, j * n + r, d) for j in range(n)])
+        return _pattern(self.count, 1, d)
+
+    def wrong(self) -> int:
+        got = self.out.to("cpu", torch.float64)
+        want = self.expected()
+        if self.dtype.is_floating_point and torch.finfo(self.dtype).bits == 16:
+            # exact integers only up to 256 (bf16) / 2048 (fp16): allow the dtype's rounding there
+            tol = want.abs() * torch.finfo(self.dtype).eps
+            return int(((got - want).abs() > tol).sum())
+        return int((got != want).sum())
+
+
+# ---- groups under test ---------------------------------------------------------------------------
+
+_REGISTERED: set[str] = set()
+
+
+def _register(name: str, creator: Callable, devices: list[str]) -> None:
+    if name not in _REGISTERED:
+        dist.Backend.register_backend(name, creator, devices=devices)
+        _REGISTERED.add(name)
+
+
+def _vendor_creator(store, rank, world_size, timeout):
+    import hal
+    return hal.accelerator().new_process_group(store, rank, world_size, timeout)
+
+
+def _shm_creator(store, rank, world_size, timeout):
+    try:
+        from hal.shm_fabric import create_shm_process_group
+    except ImportError as exc:
+        raise BenchError(f"--backend shm: the shared-memory fabric is not available ({exc})") from exc
+    return create_shm_process_group(store, rank, world_size, timeout)
+
+
+@dataclass
+class GroupUnderTest:
+    group: object          # this rank's group
+    label: str             # e.g. "world" or "cuda x2 (emulated)"
+    members: list          # global ranks of this rank's group
+    all_groups: dict       # label -> members, for every group being measured concurrently
+
+
+def make_group(backend: str, chips: list[tuple[str, bool]], timeout: timedelta) -> GroupUnderTest:
+    """The group under test. `chips` is every rank's (chip, emulated), from the control group.
+
+    vendor: the chip's own CCL (hal.accelerator().new_process_group). A vendor CCL cannot span chips,
+    so on a mixed cluster each sub-cluster gets its own group and they are measured concurrently.
+    """
+    world = dist.get_world_size()
+    everyone = list(range(world))
+    if backend == "gloo":
+        return GroupUnderTest(dist.new_group(everyone, timeout=timeout, backend="gloo"), "world",
+                              everyone, {"world": everyone})
+    if backend == "hetero":
+        import ccl_bridge  # noqa: F401 - registers the backend
+        return GroupUnderTest(dist.new_group(everyone, timeout=timeout, backend="hetero"), "world",
+                              everyone, {"world": everyone})
+    if backend == "shm":
+        _register("hal_shm", _shm_creator, ["cpu"])
+        return GroupUnderTest(dist.new_group(everyone, timeout=timeout, backend="hal_shm"), "world",
+                              everyone, {"world": everyone})
+    if backend != "vendor":
+        raise BenchError(f"--backend {backend!r}: expected one of {BACKENDS}")
+    import hal
+    _register("hal_vendor", _vendor_creator, [hal.accelerator().device.type])
+    kinds: dict[str, list[int]] = {}
+    for r, (chip, emulated) in enumerate(chips):
+        kinds.setdefault(f"{chip} x{{n}}" + (" (emulated)" if emulated else ""), []).append(r)
+    labelled = {label.format(n=len(m)): m for label, m in kinds.items()}
+    mine = None
+    for label, members in labelled.items():  # every rank creates every group, in the same order
+        g = dist.new_group(members, timeout=timeout, backend="hal_vendor")
+        if dist.get_rank() in members:
+            mine = GroupUnderTest(g, label if len(labelled) > 1 else "world", members, labelled)
+    assert mine is not None
+    if len(labelled) == 1:
+        mine.all_groups = {"world": mine.members}
+    return mine
+
+
+# ---- the measurement -------------------------------------------------------------------------------
+
+def _barrier() -> None:
+    dist.barrier()  # the default (gloo control) group
+
+
+def measure(op: str, sizes: list[int], dtype_name: str, gut: GroupUnderTest, iters: int = 8,
+            warmup: int = 2, repeats: int = 5, device: Optional[torch.device] = None,
+            check: bool = True, on_row: Optional[Callable[[list], None]] = None) -> list[Row]:
+    """Measure `op` at every size on the group under test; every rank calls this and gets all rows."""
+    if dtype_name not in DTYPES:
+        raise BenchError(f"--dtype {dtype_name!r}: expected one of {sorted(DTYPES)}")
+    for name, value in (("--iters", iters), ("--repeats", repeats)):
+        if value < 1:
+            raise BenchError(f"{name} must be >= 1, got {value}")
+    if warmup < 0:
+        raise BenchError(f"--warmup must be >= 0, got {warmup}")
+    dtype = DTYPES[dtype_name]
+    device = device or torch.device("cpu")
+    n = len(gut.members)
+    rank_in = gut.members.index(dist.get_rank())
+    world = dist.get_world_size()
+    rows: list[Row] = []
+    for size in sizes:
+        count = _count_for(op, size, dtype, n)
+        case = OpCase(op, count, dtype, gut.group, rank_in, n, device)
+        for _ in range(warmup):
+            case.run()
+        times = []
+        for _ in range(repeats):
+            _barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                case.run()
+            times.append((time.perf_counter() - t0) / iters)
+        wrong = 0
+        if check:
+            case.fill()
+            case.run()
+            wrong = case.wrong()
+        # every rank's repeat times and error count, through the control group
+        mine = torch.tensor(times + [float(wrong)], dtype=torch.float64)
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(everyone, mine)
+        per_group = []
+        for label, members in gut.all_groups.items():
+            stacked = torch.stack([everyone[r] for r in members])
+            slowest = stacked[:, :repeats].max(dim=0).values.tolist()  # per repeat, the slowest rank
+            t = statistics.median(slowest)
+            m = len(members)
+            c = _count_for(op, size, dtype, m)
+            nbytes = c * torch.empty((), dtype=dtype).element_size()
+            algbw = nbytes / t / 1e9
+            per_group.append(Row(op=op, size_bytes=nbytes, count=c, dtype=dtype_name,
+                                 redop="sum" if op in ("all_reduce", "reduce_scatter") else "none",
+                                 root=0 if op == "broadcast" else -1, time_us=t * 1e6,
+                                 algbw_GBps=algbw, busbw_GBps=algbw * bus_factor(op, m),
+                                 wrong=int(stacked[:, repeats].sum().item()),
+                                 repeats_us=[x * 1e6 for x in slowest], group=label))
+        rows.extend(per_group)
+        if on_row is not None:
+            on_row(per_group)
+        del case
+    return rows
+
+
+# ---- the table -----------------------------------------------------------------------------------
+
+HEADER = ("#{:>12} {:>12} {:>9} {:>6} {:>5} {:>11} {:>8} {:>8} {:>7}".format(
+    "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong") + "\n" +
+    "#{:>12} {:>12} {:>9} {:>6} {:>5} {:>11} {:>8} {:>8} {:>7}".format(
+    "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""))
+
+
+def format_row(row: Row, show_group: bool = False) -> str:
+    line = " {:>12} {:>12} {:>9} {:>6} {:>5} {:>11.1f} {:>8.3f} {:>8.3f} {:>7}".format(
+        row.size_bytes, row.count, row.dtype, row.redop, row.root, row.time_us, row.algbw_GBps,
+        row.busbw_GBps, row.wrong)
+    return line + (f"  {row.group}" if show_group else "")
+
+
+def summary(rows: list[Row]) -> dict:
+    """Out-of-bounds count and the average busbw, as nccl-tests prints at the end."""
+    bus = [r.busbw_GBps for r in rows]
+    return {"wrong_total": sum(r.wrong for r in rows),
+            "avg_busbw_GBps": sum(bus) / len(bus) if bus else math.nan}

@@ -1,0 +1,224 @@
+"""`hal bench comm`: an nccl-tests style table (size, count, type, time, algbw, busbw, #wrong) for one
+collective on a chosen process group, on this machine's ranks.
+
+Run outside torchrun, it launches itself through torchrun on this machine
+(`python -m torch.distributed.run --nproc-per-node N ...`), emulating chips per `--emulate`; under
+torchrun (on one node or many) it measures the ranks it was started with.
+
+examples:
+  hal bench comm                                      # all_reduce on hetero, 2 cuda + 2 ascend emulated
+  hal bench comm --backend gloo                       # the same on flat gloo: the baseline
+  hal bench comm --op all_gather --min-bytes 1M --max-bytes 64M --step-factor 4
+  hal bench comm --backend vendor --emulate cuda:4    # the chip's own CCL (emulated: the CPU fabric)
+  hal bench comm --dtype bfloat16 --iters 20 --repeats 7 --json allreduce.json
+  torchrun --nnodes 2 --nproc-per-node 8 ... -m ccl_bridge.cli_bench comm --backend hetero   # real nodes
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from typing import Optional
+
+_CHIP_ENV = ("HAL_EMULATE", "HAL_CLUSTER", "HAL_CHIP")
+DEFAULT_EMULATE = "cuda:2,ascend:2"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="bench", metavar="BENCH")
+    c = sub.add_parser("comm", help="collective bandwidth table (nccl-tests style)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_comm_arguments(c)
+
+
+def add_comm_arguments(c: argparse.ArgumentParser) -> None:
+    from .bench import BACKENDS, DTYPES, OPS
+    c.add_argument("--op", default="all_reduce", choices=OPS, help="collective (default all_reduce)")
+    c.add_argument("--backend", default="hetero", choices=BACKENDS,
+                   help="group under test: gloo = flat gloo over every rank (today's mixed-cluster "
+                        "baseline); hetero = the bridge; shm = the shared-memory CPU fabric; vendor = "
+                        "each chip's own CCL via hal (one group per sub-cluster on a mixed cluster). "
+                        "Default hetero")
+    c.add_argument("--min-bytes", "-b", default="4K", help="smallest message (default 4K; K/M/G = 2^10/20/30)")
+    c.add_argument("--max-bytes", "-e", default="256M", help="largest message (default 256M)")
+    c.add_argument("--step-factor", "-f", type=float, default=2.0, help="size multiplier (default 2)")
+    c.add_argument("--dtype", "-d", default="float32", choices=sorted(DTYPES), help="default float32")
+    c.add_argument("--iters", "-n", type=int, default=8, help="operations per timed repeat (default 8)")
+    c.add_argument("--warmup", "-w", type=int, default=2, help="untimed operations per size (default 2)")
+    c.add_argument("--repeats", "-r", type=int, default=5,
+                   help="timed repeats per size; the table shows their median (default 5)")
+    c.add_argument("--no-check", action="store_true", help="skip the correctness check (#wrong = 0)")
+    c.add_argument("--nproc", type=int, default=None,
+                   help="ranks to launch on this machine when not under torchrun (default: the count in "
+                        "--emulate, else 4)")
+    c.add_argument("--emulate", default=None, metavar="MAP",
+                   help=f"chips per rank for the launched ranks, e.g. cuda:2,ascend:2 (default "
+                        f"{DEFAULT_EMULATE} unless HAL_EMULATE, HAL_CLUSTER or HAL_CHIP is set; 'none' = "
+                        f"native chips)")
+    c.add_argument("--timeout", type=float, default=300.0, help="collective timeout in seconds (default 300)")
+    c.add_argument("--json", metavar="FILE", default=None, help="also write the rows and run facts to FILE")
+
+
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    """The options of this run, to hand to the launched ranks."""
+    out = ["comm", "--op", args.op, "--backend", args.backend, "--min-bytes", str(args.min_bytes),
+           "--max-bytes", str(args.max_bytes), "--step-factor", str(args.step_factor), "--dtype", args.dtype,
+           "--iters", str(args.iters), "--warmup", str(args.warmup), "--repeats", str(args.repeats),
+           "--timeout", str(args.timeout)]
+    if args.no_check:
+        out.append("--no-check")
+    if args.json:
+        out += ["--json", os.path.abspath(args.json)]
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Re-run this command under torchrun on this machine; returns torchrun's exit code."""
+    from hal.emulation import emulated_ranks
+    env = dict(os.environ)
+    emulate = args.emulate
+    if emulate is None and not any(env.get(k) for k in _CHIP_ENV):
+        emulate = DEFAULT_EMULATE
+    if emulate and emulate != "none":
+        env["HAL_EMULATE"] = emulate
+    elif emulate == "none":
+        env.pop("HAL_EMULATE", None)
+    nproc = args.nproc
+    mapped = emulated_ranks(env["HAL_EMULATE"]) if env.get("HAL_EMULATE") else None
+    if nproc is None:
+        nproc = len(mapped) if mapped else 4
+    if mapped and len(mapped) != nproc:
+        from .bench import BenchError
+        raise BenchError(f"--nproc {nproc} but HAL_EMULATE={env['HAL_EMULATE']!r} maps {len(mapped)} ranks")
+    if nproc < 2:
+        from .bench import BenchError
+        raise BenchError(f"--nproc must be >= 2 for a collective benchmark, got {nproc}")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+           "-m", "ccl_bridge.cli_bench", *_argv(args)]
+    print(f"# launching {nproc} ranks: HAL_EMULATE={env.get('HAL_EMULATE', '')} "
+          f"{' '.join(shlex.quote(c) for c in cmd[1:])}", flush=True)
+    return subprocess.call(cmd, env=env)
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "bench", None) != "comm":
+        print("usage: hal bench comm [options]  (see `hal bench comm --help`)", file=sys.stderr)
+        return 2
+    if not _under_torchrun():
+        return launch(args)
+    return worker(args)
+
+
+def worker(args: argparse.Namespace) -> int:
+    """Every rank: control group, group under test, the measurement; rank 0 prints and writes JSON."""
+    import torch
+    import torch.distributed as dist
+
+    import hal
+
+    from .bench import bus_factor, format_row, HEADER, human_bytes, make_group, measure, parse_size, size_ladder, summary
+
+    timeout = datetime.timedelta(seconds=args.timeout)
+    sizes = size_ladder(parse_size(args.min_bytes), parse_size(args.max_bytes), args.step_factor)
+    acc = hal.accelerator()
+    dist.init_process_group("gloo", timeout=timeout)  # control group: barriers and results only
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        chips: list = [None] * world
+        dist.all_gather_object(chips, (acc.chip.name, acc.emulated))
+        gut = make_group(args.backend, chips, timeout)
+        if rank == 0:
+            _print_preamble(args, chips, gut, sizes, human_bytes, bus_factor)
+            print(HEADER, flush=True)
+        show_group = len(gut.all_groups) > 1
+
+        def on_row(rows):
+            if rank == 0:
+                for r in rows:
+                    print(format_row(r, show_group), flush=True)
+
+        device = acc.device if args.backend in ("hetero", "vendor") else torch.device("cpu")
+        rows = measure(args.op, sizes, args.dtype, gut, iters=args.iters, warmup=args.warmup,
+                       repeats=args.repeats, device=device, check=not args.no_check, on_row=on_row)
+        s = summary(rows)
+        if rank == 0:
+            print(f"# Out of bounds values : {s['wrong_total']} {'OK' if s['wrong_total'] == 0 else 'FAILED'}")
+            print(f"# Avg bus bandwidth    : {s['avg_busbw_GBps']:.3f} GB/s")
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(_report(args, chips, gut, rows, s), f, indent=2)
+                print(f"# wrote {args.json}")
+        dist.barrier()
+        return 0 if s["wrong_total"] == 0 else 1
+    finally:
+        dist.destroy_process_group()
+
+
+def _chips_text(chips: list) -> str:
+    counts: dict = {}
+    for chip, emulated in chips:
+        key = f"{chip}{' (emulated)' if emulated else ''}"
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{k} x{v}" for k, v in counts.items())
+
+
+def _print_preamble(args, chips, gut, sizes, human_bytes, bus_factor) -> None:
+    import torch
+    n = len(gut.members)
+    emulated = any(e for _, e in chips)
+    print(f"# hal bench comm: {args.op} on backend {args.backend}, {len(chips)} ranks: {_chips_text(chips)}")
+    if emulated:
+        print("# EMULATED chips: every rank runs on this host's CPU; its vendor CCL is the CPU fabric")
+    if len(gut.all_groups) > 1:
+        print(f"# vendor CCL cannot span chips: one group per sub-cluster, measured concurrently: "
+              f"{', '.join(f'{k} = ranks {v}' for k, v in gut.all_groups.items())}")
+    print(f"# sizes {human_bytes(sizes[0])} .. {human_bytes(sizes[-1])} x{args.step_factor:g}, dtype {args.dtype}, "
+          f"{args.warmup} warmup, median of {args.repeats} repeats x {args.iters} iters (slowest rank per repeat); "
+          f"busbw factor {bus_factor(args.op, n):.3f} for n={n}; torch {torch.__version__}")
+
+
+def _report(args, chips, gut, rows, s) -> dict:
+    import torch
+    return {"tool": "hal bench comm", "op": args.op, "backend": args.backend, "dtype": args.dtype,
+            "world_size": len(chips), "chips": [{"rank": r, "chip": c, "emulated": e}
+                                               for r, (c, e) in enumerate(chips)],
+            "emulated": any(e for _, e in chips), "groups": gut.all_groups,
+            "iters": args.iters, "warmup": args.warmup, "repeats": args.repeats,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "host": socket.gethostname(), "cpu_count": os.cpu_count(),
+            "rows": [r.as_dict() for r in rows], "summary": s}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from hal.errors import HalError
+    from .bench import BenchError
+    p = argparse.ArgumentParser(prog="python -m ccl_bridge.cli_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except (BenchError, HalError) as exc:
+        print(f"hal bench: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
