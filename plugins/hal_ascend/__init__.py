@@ -1,0 +1,81 @@
+"""hal_ascend: Huawei Ascend NPUs through torch_npu (torch device `npu`) and HCCL (backend `hccl`).
+
+Chip `ascend`: visible devices `ASCEND_RT_VISIBLE_DEVICES`; native when torch_npu imports and
+`torch.npu.device_count() > 0`. Profiles from the HAL catalog by the device name torch_npu reports
+('Ascend910B2', ...). Process groups are torch_npu's ProcessGroupHCCL with the HAL timeout, HCCL's
+own timeouts derived from it (see `hccl`). Op overrides are torch_npu's fused kernels (`kernels`),
+offered only when native. Everything follows Ascend/pytorch and Ascend/op-plugin sources cited in
+the submodules.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+
+import hal
+
+from . import kernels
+from .hccl import apply_hccl_timeouts, create_hccl_process_group, hccl_capabilities, hccl_timeout_env
+from .probe import probe
+from .profile import chip_profile
+from .runtime import NpuRuntime
+
+__version__ = "0.1.0"
+__all__ = ["CHIP", "probe", "NpuRuntime", "hccl_capabilities", "hccl_timeout_env", "apply_hccl_timeouts"]
+
+CHIP = hal.ChipSpec(name="ascend", vendor="Huawei", torch_device_type="npu", ccl_backend="hccl",
+                    ccl_name="HCCL", visible_devices_env="ASCEND_RT_VISIBLE_DEVICES",
+                    description="Huawei Ascend NPUs via torch_npu and HCCL")
+
+
+@hal.hookimpl
+def hal_plugin_info():
+    return hal.PluginInfo(name="ascend", version=__version__, contract_version=hal.CONTRACT_VERSION,
+                          description="Huawei Ascend NPUs: torch_npu runtime, HCCL process groups")
+
+
+@hal.hookimpl
+def hal_chips():
+    return [CHIP]
+
+
+@hal.hookimpl
+def hal_native_available(chip):
+    return bool(probe()["native"])
+
+
+@hal.hookimpl
+def hal_chip_profile(chip, model):
+    return chip_profile(chip, model)
+
+
+@hal.hookimpl
+def hal_device_runtime(chip):
+    found = probe()
+    if not found["native"]:
+        raise hal.ChipUnavailableError(f"plugin 'ascend', hook 'hal_device_runtime': chip 'ascend' is not "
+                                       f"natively available: {found['reason']}")
+    return NpuRuntime(torch.npu, "npu")
+
+
+@hal.hookimpl
+def hal_create_process_group(chip, store, rank, world_size, timeout: timedelta):
+    return create_hccl_process_group(store, rank, world_size, timeout, chip=chip)
+
+
+@hal.hookimpl
+def hal_collective_capabilities(chip):
+    return hccl_capabilities(chip)
+
+
+@hal.hookimpl
+def hal_op_kernels(chip, emulated):
+    if chip != "ascend" or emulated:
+        return None  # the fused kernels need the NPU; emulated chips use hal_cpu's CPU kernels
+    import torch_npu  # bound natively, so it imports (the probe said so)
+    try:
+        name = torch.npu.get_device_name(torch.npu.current_device())
+    except Exception:
+        name = ""  # unknown product: only the kernels every product has
+    return kernels.op_kernels(torch_npu, name)

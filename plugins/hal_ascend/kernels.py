@@ -1,0 +1,195 @@
+"""Op overrides for Ascend NPUs: torch_npu's fused kernels, adapted to the HAL op signatures.
+
+Signatures as Ascend/op-plugin declares them (op_plugin/config/op_plugin_functions.yaml and
+docs/zh/custom_APIs/torch_npu/*.md, commit 517f2e7d):
+  npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor y, Tensor rstd)
+  npu_fusion_attention(query, key, value, int head_num, str input_layout, pse=None, padding_mask=None,
+      atten_mask=None, float scale=1., float keep_prob=1., int pre_tockens=2147483647,
+      int next_tockens=2147483647, int inner_precise=0, ..., int sparse_mode=0, ...)
+      -> (attention_out, softmax_max, softmax_sum, softmax_out, seed, offset, numels)
+      atten_mask: True/1 = position does NOT take part (the opposite of torch's bool mask);
+      scale defaults to 1 (not 1/sqrt(D)); sparse_mode 2 = leftUpCausal with a compressed
+      2048x2048 upper-triangular mask; mask shapes BNSS, B1SS, 11SS or SS.
+  npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half', Tensor? rotate=None)
+      half mode: x * r1 + rotate_half(x) * r2 == the HAL's rotary_embedding(x, cos, sin).
+  npu_swiglu(Tensor self, int dim=-1) -> Tensor: silu(first half) * second half; needs contiguous input.
+Each adapter checks the documented constraints (dtypes, ranks, shape patterns, products) and falls
+back to the HAL reference kernel outside them, so an override never changes the op's meaning.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.optim.adamw import adamw as _torch_adamw
+
+import hal
+from hal.ops import reference
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+# npu_rms_norm (self, gamma) dtype pairs per product family (npu_rms_norm.md).
+_RMS_PAIRS_A2 = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float16, torch.float16),
+                 (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)}
+_RMS_PAIRS_OLD = {(torch.float16, torch.float16), (torch.float32, torch.float32)}
+FA_COMPRESSED_MASK = 2048
+FA_MAX_HEAD_DIM = 768
+ROTARY_MAX_HEAD_DIM = 896  # "D < 896 and even" (jit_compile=False, Atlas A2/A3)
+ROTARY_MAX_BN = 1000
+
+
+def product_family(device_name: str) -> str:
+    """'A2' (Ascend910B*), 'A3' (Ascend910_93*), '950', 'training' (Ascend910 A/Pro) or 'other'.
+    Names as torch_npu reports them; torch_npu/distributed/distributed_c10d.py compares them the same
+    way ("Ascend910B1".."Ascend910B4_1", "Ascend910_9362".."Ascend910_9392")."""
+    if re.match(r"Ascend910B", device_name):
+        return "A2"
+    if re.match(r"Ascend910_93", device_name):
+        return "A3"
+    if re.match(r"Ascend950", device_name):
+        return "950"
+    if re.match(r"Ascend910", device_name):
+        return "training"
+    return "other"
+
+
+def make_rms_norm(npu: Any, family: str) -> Callable:
+    pairs = _RMS_PAIRS_A2 if family in ("A2", "A3") else _RMS_PAIRS_OLD
+
+    def rms_norm(x, weight, eps=1e-6):
+        if (x.dtype, weight.dtype) not in pairs or not 2 <= x.dim() <= 8 or weight.shape != x.shape[-1:]:
+            return reference.rms_norm(x, weight, eps)
+        y, _rstd = npu.npu_rms_norm(x, weight, epsilon=eps)  # rstd is kept for the backward only
+        return y
+    return rms_norm
+
+
+def _fa_mask(masked: torch.Tensor, b: int, h: int, sq: int, sk: int) -> torch.Tensor:
+    """A broadcastable 'True = masked' tensor in one of the layouts FA accepts: SS, 11SS, B1SS, BNSS."""
+    m = masked
+    while m.dim() < 4:
+        m = m.unsqueeze(0)
+    mb, mh = m.shape[0], m.shape[1]
+    m = m.expand(mb, mh, sq, sk)
+    if mb == 1 and mh == 1:
+        return m[0, 0].contiguous()  # SS
+    if mh == 1:
+        return m.expand(b, 1, sq, sk).contiguous()  # B1SS
+    return m.expand(b, h, sq, sk).contiguous()  # BNSS
+
+
+def make_sdpa(npu: Any) -> Callable:
+    causal_masks: dict[torch.device, torch.Tensor] = {}
+
+    def compressed_causal(device: torch.device) -> torch.Tensor:
+        # sparse_mode 2/3/4 take this fixed 2048x2048 mask; built once per device.
+        if device not in causal_masks:
+            ones = torch.ones(FA_COMPRESSED_MASK, FA_COMPRESSED_MASK, dtype=torch.bool, device=device)
+            causal_masks[device] = torch.triu(ones, diagonal=1)
+        return causal_masks[device]
+
+    def sdpa(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        usable = (q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and q.dtype in _FLOATS
+                  and q.dtype == k.dtype == v.dtype and q.shape[:2] == k.shape[:2] == v.shape[:2]
+                  and k.shape[-2] == v.shape[-2] and q.size(-1) == k.size(-1) >= v.size(-1)
+                  and 1 <= q.size(-1) <= FA_MAX_HEAD_DIM
+                  and (attn_mask is None or attn_mask.dtype == torch.bool))
+        if not usable:  # float (additive) masks and odd shapes keep the reference
+            return reference.scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale)
+        b, h, sq, d = q.shape
+        sk = k.size(-2)
+        scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+        dead = None
+        if attn_mask is None:
+            mask, mode = (compressed_causal(q.device), 2) if is_causal else (None, 0)
+        else:
+            allowed = attn_mask
+            if is_causal:
+                allowed = allowed & torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
+            mask, mode = _fa_mask(~allowed, b, h, sq, sk), 0
+            dead = ~allowed.any(-1, keepdim=True)  # rows with no key: the HAL gives zeros
+        out = npu.npu_fusion_attention(q, k, v, h, "BNSD", atten_mask=mask, scale=scale,
+                                       keep_prob=1.0, sparse_mode=mode)[0]
+        return out if dead is None else out.masked_fill(dead, 0.0)
+    return sdpa
+
+
+def _rotary_bn(x_shape: torch.Size, r_shape: torch.Size) -> Optional[tuple[int, int]]:
+    """(B, N) if cos/sin's shape is one the half mode accepts for x (11SD/B1SD/BNSD for BNSD,
+    1S1D/BS1D for BSND, S11D/SB1D for SBND), else None."""
+    full = []
+    for xs, rs in zip(x_shape[:3], r_shape[:3]):
+        if rs != xs and rs != 1:
+            return None
+        full.append(rs == xs)
+    pattern = tuple(full)
+    s_dim = {(False, False, True): 2, (True, False, True): 2, (True, True, True): 2,
+             (False, True, False): 1, (True, True, False): 1, (True, False, False): 0}.get(pattern)
+    if s_dim is None:
+        return None
+    b, n = (x_shape[i] for i in range(3) if i != s_dim)
+    return b, n
+
+
+def make_rotary(npu: Any) -> Callable:
+    def rotary_embedding(x, cos, sin):
+        bn = None
+        if (x.dim() == 4 and cos.dim() == 4 and cos.shape == sin.shape and x.dtype in _FLOATS
+                and cos.dtype == sin.dtype == x.dtype and cos.shape[-1] == x.shape[-1]
+                and x.shape[-1] % 2 == 0 and x.shape[-1] < ROTARY_MAX_HEAD_DIM):
+            bn = _rotary_bn(x.shape, cos.shape)
+        if bn is None or max(bn) >= ROTARY_MAX_BN:
+            return reference.rotary_embedding(x, cos, sin)
+        return npu.npu_rotary_mul(x, cos, sin, rotary_mode="half")
+    return rotary_embedding
+
+
+def make_swiglu(npu: Any) -> Callable:
+    def swiglu(x, dim=-1):
+        if x.dtype not in _FLOATS or not 1 <= x.dim() <= 8 or x.numel() == 0 or x.size(dim) % 2:
+            return reference.swiglu(x, dim)
+        return npu.npu_swiglu(x.contiguous(), dim=dim)  # "does not support non-contiguous tensors"
+    return swiglu
+
+
+@torch.no_grad()
+def adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay):
+    # torch's multi-tensor AdamW: torch_npu implements the _foreach_* ops for `npu`.
+    if step < 1:
+        raise ValueError(f"adamw_step: step counts from 1, got {step}")
+    steps = [torch.tensor(float(step - 1)) for _ in params]
+    _torch_adamw(list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), [], steps, foreach=True,
+                 amsgrad=False, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
+                 maximize=False)
+
+
+def _layer_norm(x, weight, bias, eps=1e-5):
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
+def _softmax(x, dim=-1):
+    return torch.softmax(x, dim, dtype=torch.float32).to(x.dtype)
+
+
+def _cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
+    return F.cross_entropy(logits.float(), target, ignore_index=ignore_index, reduction=reduction).to(logits.dtype)
+
+
+def op_kernels(npu: Any, device_name: str, priority: int = 10) -> list[hal.OpKernel]:
+    """Kernels for the product `device_name` names; fused ones only where the docs list the product."""
+    family = product_family(device_name)
+    out = [("rms_norm", make_rms_norm(npu, family), "torch_npu.npu_rms_norm")]
+    if family in ("A2", "950"):  # npu_fusion_attention: Atlas A2 and Ascend 950 per its doc
+        out.append(("scaled_dot_product_attention", make_sdpa(npu), "torch_npu.npu_fusion_attention"))
+    if family in ("A2", "A3"):  # npu_rotary_mul half mode without jit compile: A2/A3
+        out.append(("rotary_embedding", make_rotary(npu), "torch_npu.npu_rotary_mul"))
+    if family == "A2":  # npu_swiglu: Atlas A2 per its doc
+        out.append(("swiglu", make_swiglu(npu), "torch_npu.npu_swiglu"))
+    out += [("adamw_step", adamw_step, "torch.optim.adamw(foreach=True)"),
+            ("layer_norm", _layer_norm, "torch.layer_norm"), ("softmax", _softmax, "torch.softmax"),
+            ("gelu", lambda x, approximate="none": F.gelu(x, approximate=approximate), "torch.gelu"),
+            ("silu", F.silu, "torch.silu"), ("cross_entropy", _cross_entropy, "torch.cross_entropy"),
+            ("embedding", F.embedding, "torch.embedding"), ("linear", F.linear, "torch.linear")]
+    return [hal.OpKernel(op, fn, priority=priority, name=label) for op, fn, label in out]

@@ -1,0 +1,127 @@
+"""NCCL as torch's ProcessGroupNCCL really offers it: the capability matrix and group creation.
+
+Every entry below is read from PyTorch's source, not guessed:
+
+- dtypes: `ncclDataType` in torch/csrc/distributed/c10d/NCCLUtils.hpp (pytorch/pytorch main):
+  int8, uint8, int32, int64, float16, float32, float64, bfloat16, bool (sent as ncclUint8) and
+  float8_e4m3fn / float8_e5m2 (native NCCL fp8 types from NCCL 2.24, `NCCL_SUPPORTS_FP8`, else moved
+  as ncclUint8). int16 is absent from the map, so every collective on int16 raises
+  "Input tensor data type is not supported for NCCL process group".
+- reduce ops: `ncclOp` and `getNcclReduceOp` in torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:
+  SUM, PRODUCT, MIN, MAX always; AVG with NCCL >= 2.10 (`NCCL_HAS_AVG`); PREMUL_SUM with NCCL >= 2.11
+  (`ENABLE_NCCL_PREMUL_SUM_SUPPORT`) and only for half, float, bfloat16, double ("PreMulSum Data type
+  must be half, float, bfloat16 or double"); BAND/BOR/BXOR raise "Cannot use ReduceOp.BAND with NCCL".
+  bool: SUM is mapped to MAX (a logical or, to avoid uint8 overflow); AVG on bool raises TypeError.
+- float8 reductions: `isUnsupportedFloat8` rejects e4m3fn/e5m2 unless NCCL_SUPPORTS_FP8 (NCCL >= 2.24);
+  NCCL's own type table (docs/api/types: ncclFloat8e4m3 "CUDA >= 11.8 and SM >= 90") adds the
+  compute-capability floor. PREMUL_SUM on float8 falls in the TypeError branch above.
+- collectives: ProcessGroupNCCL implements every torch.distributed collective natively, gather,
+  scatter and the list form of all_to_all as grouped ncclSend/ncclRecv, barrier as a 1-element
+  all_reduce.
+
+Group creation follows torch/distributed/distributed_c10d.py `_new_process_group_helper` (torch 2.13):
+`ProcessGroupNCCL.Options()` with `is_high_priority_stream = False` and `_timeout = timeout`, then
+`ProcessGroupNCCL(store, group_rank, group_size, options)` and `_set_sequence_number_for_group()`.
+The timeout is enforced by ProcessGroupNCCL's watchdog: a collective that outlives it is aborted
+with an error (TORCH_NCCL_ASYNC_ERROR_HANDLING, default 3 since torch 2.2), never left hanging.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Optional
+
+import hal
+from hal.capabilities import COLLECTIVES, DTYPES, REDUCING
+
+FP8 = ("float8_e4m3fn", "float8_e5m2")
+_FLOATS = ("float32", "float16", "bfloat16", "float64")
+_INTS = ("int8", "uint8", "int32", "int64")
+NCCL_AVG_MIN = (2, 10)
+NCCL_PREMUL_SUM_MIN = (2, 11)
+NCCL_FP8_MIN = (2, 24)
+FP8_MIN_SM = (9, 0)
+# torch wheels have bundled NCCL >= 2.10 since torch 1.13, so AVG and PREMUL_SUM are declared when
+# the version cannot be read (at plugin validation, before any device is touched).
+_ASSUMED_NCCL = (2, 11)
+
+SOURCE = ("read from pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (ncclOp, "
+          "getNcclReduceOp, isUnsupportedFloat8) and NCCLUtils.hpp (ncclDataType); NCCL docs api/types")
+
+
+def nccl_capabilities(chip: str = "cuda", nccl_version: Optional[tuple[int, ...]] = None,
+                      compute_capability: Optional[tuple[int, int]] = None) -> hal.CapabilityMatrix:
+    """The matrix for a given NCCL version and GPU compute capability (None: not known yet).
+
+    float8 reductions are declared only when both are known and high enough (NCCL >= 2.24, SM >= 9.0).
+    """
+    version = tuple(nccl_version[:2]) if nccl_version else _ASSUMED_NCCL
+    entries: set[tuple[str, str, str]] = set()
+    fp8_reduce = (nccl_version is not None and compute_capability is not None
+                  and version >= NCCL_FP8_MIN and tuple(compute_capability) >= FP8_MIN_SM)
+    for coll in COLLECTIVES:
+        for dtype in DTYPES:
+            if dtype == "int16":
+                continue  # not in ncclDataType: every collective raises TypeError
+            if coll not in REDUCING:
+                entries.add((coll, dtype, "-"))
+                continue
+            for op in _reduce_ops(dtype, version, fp8_reduce):
+                entries.add((coll, dtype, op))
+    detail = f"NCCL {'.'.join(map(str, nccl_version))}" if nccl_version else f"NCCL assumed >= {version[0]}.{version[1]}"
+    cc = f", SM {compute_capability[0]}.{compute_capability[1]}" if compute_capability else ", SM unknown"
+    return hal.CapabilityMatrix(chip=chip, entries=frozenset(entries), source=f"{SOURCE}; {detail}{cc}")
+
+
+def _reduce_ops(dtype: str, version: tuple[int, ...], fp8_reduce: bool) -> tuple[str, ...]:
+    base = ("sum", "product", "min", "max")
+    avg = ("avg",) if version >= NCCL_AVG_MIN else ()
+    if dtype == "bool":
+        return base  # SUM becomes MAX; AVG and PREMUL_SUM raise TypeError
+    if dtype in FP8:
+        return base + avg if fp8_reduce else ()
+    if dtype in _INTS:
+        return base + avg  # NCCL's avg on integers divides after the sum (truncating)
+    if dtype in _FLOATS:
+        return base + avg + (("premul_sum",) if version >= NCCL_PREMUL_SUM_MIN else ())
+    return ()
+
+
+def nccl_version() -> Optional[tuple[int, ...]]:
+    """The NCCL version torch was built with, or None on a build without NCCL."""
+    try:
+        import torch.cuda.nccl as nccl
+        v = nccl.version()
+    except Exception:  # CPU-only builds have no torch._C._nccl_version
+        return None
+    return tuple(v) if isinstance(v, tuple) else None
+
+
+def create_nccl_process_group(store: Any, rank: int, world_size: int, timeout: timedelta,
+                              chip: str = "cuda") -> Any:
+    """`ProcessGroupNCCL(store, rank, world_size, options)` with the HAL timeout, as
+    distributed_c10d._new_process_group_helper builds it (torch 2.13)."""
+    check_group_args(chip, rank, world_size, timeout)
+    import torch.distributed as dist
+    pg_class = getattr(dist, "ProcessGroupNCCL", None)
+    if pg_class is None:  # distributed_c10d only exports it when torch was built with NCCL
+        raise hal.ChipUnavailableError(
+            f"chip {chip!r}, hook 'hal_create_process_group': this torch build has no NCCL "
+            f"(torch.distributed.ProcessGroupNCCL is missing); install a CUDA build of torch")
+    options = pg_class.Options()
+    options.is_high_priority_stream = False
+    options._timeout = timeout
+    pg = pg_class(store, rank, world_size, options)
+    seq = getattr(pg, "_set_sequence_number_for_group", None)
+    if callable(seq):
+        seq()  # as torch does right after creating an NCCL backend
+    return pg
+
+
+def check_group_args(chip: str, rank: int, world_size: int, timeout: timedelta) -> None:
+    """Refuse arguments no CCL can use, naming the field and the value."""
+    if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
+        raise ValueError(f"chip {chip!r}, hook 'hal_create_process_group': timeout must be a positive "
+                         f"datetime.timedelta, got {timeout!r}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"chip {chip!r}, hook 'hal_create_process_group': rank {rank} is not in "
+                         f"[0, world_size={world_size})")

@@ -1,0 +1,48 @@
+"""Is this process on an NVIDIA GPU? Tells NVIDIA from the other builds that also say `cuda`.
+
+Three kinds of torch build show devices as torch `cuda`: NVIDIA's (CUDA), AMD's (ROCm/HIP) and
+KunlunXin's (a CUDA-compatible build recognised by `torch_xmlir` being installed; see hal_kunlun).
+Only the first is this plugin's chip. The probe touches no device context: `torch.cuda.is_available`
+and `device_count` use NVML before CUDA is initialised; device names are read only at bind time.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import torch
+
+KUNLUN_ADAPTER = "torch_xmlir"
+
+
+def probe() -> dict[str, Any]:
+    """What this process sees, and whether `cuda` is natively usable (`native`) with the reason."""
+    found: dict[str, Any] = {
+        "torch_cuda_version": torch.version.cuda,
+        "torch_hip_version": getattr(torch.version, "hip", None),
+        "kunlun_adapter_installed": _installed(KUNLUN_ADAPTER),
+        "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+    if found["torch_cuda_version"] is None:
+        return {**found, "native": False, "reason": "torch was built without CUDA"}
+    if found["torch_hip_version"]:
+        return {**found, "native": False, "reason": "torch is a ROCm (HIP) build: AMD GPUs, not this chip"}
+    if found["kunlun_adapter_installed"]:
+        return {**found, "native": False,
+                "reason": f"{KUNLUN_ADAPTER} is installed: torch `cuda` devices are KunlunXin XPUs (chip kunlun)"}
+    try:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception as exc:  # a broken driver must read as "absent", not crash the probe
+        return {**found, "native": False, "reason": f"torch.cuda failed: {type(exc).__name__}: {exc}"}
+    found["device_count"] = count
+    if count < 1:
+        return {**found, "native": False, "reason": "no CUDA device visible"}
+    return {**found, "native": True, "reason": f"{count} NVIDIA GPU(s) visible"}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False

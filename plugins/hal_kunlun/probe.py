@@ -1,0 +1,80 @@
+"""Is this process on KunlunXin XPUs? Tells a Kunlun machine from an NVIDIA one, and records why.
+
+KunlunXin's PyTorch build (xpytorch) shows its XPUs as torch `cuda` devices, with the `nccl`
+backend routed to its own CCL. Public integrations recognise it by `torch_xmlir` importing:
+- baidu-baige/sglang-kunlun, sglang_kunlun/platform/srt.py `activate()`: "Returns the
+  fully-qualified class name ... when torch_xmlir is importable. Returns None on non-Kunlun
+  machines"; sglang_kunlun/platform/device.py: device_type = "cuda".
+- baidu/vLLM-Kunlun@09869ee7, vllm_kunlun/platforms/kunlun.py: device_type "cuda",
+  dist_backend = "nccl"; docs/envs.py: XCCL_SO_PATH "default value is libxccl.so";
+  docs/source/user_guide/configuration/env_vars.md: XPU_VISIBLE_DEVICES selects the XPUs.
+So: Kunlun = torch_xmlir importable and torch.cuda sees devices. The device name is a second check,
+read at bind time (reading it initialises the runtime): a device that calls itself 'NVIDIA ...'
+is never claimed as Kunlun (and hal_cuda never claims a device while torch_xmlir is installed).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from typing import Any, Optional
+
+import torch
+
+ADAPTER = "torch_xmlir"
+SOURCES = ("baidu-baige/sglang-kunlun sglang_kunlun/platform/srt.py (activate: torch_xmlir importable)",
+           "baidu/vLLM-Kunlun vllm_kunlun/platforms/kunlun.py (device_type cuda, dist_backend nccl)")
+
+
+def probe(read_names: bool = False) -> dict[str, Any]:
+    """What this process sees; `native` says whether chip `kunlun` is usable, `reason` why.
+    With `read_names`, also the device names (initialises the device runtime)."""
+    found: dict[str, Any] = {"adapter": ADAPTER, "sources": list(SOURCES),
+                             "XPU_VISIBLE_DEVICES": os.environ.get("XPU_VISIBLE_DEVICES"),
+                             "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    try:
+        installed = importlib.util.find_spec(ADAPTER) is not None
+    except (ImportError, ValueError):
+        installed = False
+    if not installed:
+        return {**found, "native": False, "reason": f"{ADAPTER} is not installed (not KunlunXin's PyTorch build)"}
+    try:
+        module = importlib.import_module(ADAPTER)
+    except Exception as exc:
+        return {**found, "native": False, "reason": f"import {ADAPTER} failed: {type(exc).__name__}: {exc}"}
+    found["adapter_version"] = str(getattr(module, "__version__", "unknown"))
+    try:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception as exc:
+        return {**found, "native": False, "reason": f"torch.cuda failed: {type(exc).__name__}: {exc}"}
+    found["device_count"] = count
+    if count < 1:
+        return {**found, "native": False, "reason": f"{ADAPTER} imports but torch.cuda sees no device"}
+    if read_names:
+        names = device_names(module, count)
+        found["device_names"] = names
+        nvidia = [n for n in names if n.upper().startswith("NVIDIA")]
+        if nvidia:
+            return {**found, "native": False,
+                    "reason": f"{ADAPTER} is installed but the devices report NVIDIA names {nvidia}: not claimed as Kunlun"}
+    return {**found, "native": True, "reason": f"{ADAPTER} imports and torch.cuda sees {count} XPU(s)"}
+
+
+def device_names(module: Any, count: int) -> list[str]:
+    """Each device's name: torch_xmlir's own (`torch_xmlir.xpu.get_device_name`) when the build has
+    it, else torch.cuda's (which a CUDA-compatibility shim may answer generically, e.g. 'GPU')."""
+    out = []
+    for i in range(count):
+        out.append(adapter_device_name(module, i) or torch.cuda.get_device_name(i))
+    return out
+
+
+def adapter_device_name(module: Any, index: int) -> Optional[str]:
+    fn = getattr(getattr(module, "xpu", None), "get_device_name", None)
+    if not callable(fn):
+        return None
+    try:
+        name = fn(index)
+    except Exception:
+        return None
+    return str(name) if name else None
