@@ -14,6 +14,7 @@ from typing import Callable, Optional
 # name -> (module, one-line help). Each module has `add_arguments(parser)` and `run(args) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "info": ("hal.cli_info", "show the contract, plugins, chips and the bound accelerator"),
+    "cluster": ("hal.cli_cluster", "validate a cluster spec and show its rank layout: `hal cluster show FILE`"),
     "ops-check": ("hal.cli_ops_check", "run every HAL op on every discovered chip (emulated) against the reference"),
     "new-plugin": ("hal.cli_new_plugin", "write a ready-to-install plugin package for a new chip"),
     "bench": ("ccl_bridge.cli_bench", "benchmarks: `hal bench comm` prints an nccl-tests style table"),

@@ -176,3 +176,25 @@ def test_load_checks_chips_against_a_plugin_manager(tmp_path):
     f.write_text(SPEC.format(rpn=8, extra=""))
     with pytest.raises(ClusterSpecError, match=r"c\.toml:11: sub_clusters\[1\]\.chip = 'ascend'.*\['cpu', 'cuda'\]"):
         load_cluster_spec(f, pm=FakePM())
+
+
+def test_cli_cluster_show(capsys):
+    """`hal cluster show` validates chips against the plugins and prints the layout with link figures."""
+    import hal
+    from hal import cli, plugin_manager
+    from tests.test_plugin_manager import make_plugin
+    pm = hal.PluginManager()
+    for chip in ("cuda", "ascend"):
+        pm.register(make_plugin(name=f"fake_{chip}", chip=chip), name=f"fake_{chip}")
+    saved = plugin_manager._DEFAULT
+    plugin_manager.set_plugin_manager(pm)
+    try:
+        assert cli.main(["cluster", "show", str(EXAMPLES / "h800-910b-32.toml")]) == 0
+        text = capsys.readouterr().out
+        assert "world size 32, 4 node(s), 16 rail(s)" in text
+        assert "h800" in text and "0-15" in text and "16-31" in text
+        assert "200 GB/s (catalog)" in text and "50 GB/s (spec)" in text and "unknown (unknown)" in text
+        assert cli.main(["cluster", "show", str(EXAMPLES / "three-vendor-1024.toml")]) == 2
+        assert "sub_clusters[2].chip = 'kunlun': no registered plugin provides this chip" in capsys.readouterr().err
+    finally:
+        plugin_manager.set_plugin_manager(saved)
