@@ -414,3 +414,59 @@ def test_ops_bind_on_first_call(restore_hal, monkeypatch):
     assert out.item() == pytest.approx(1 / (1 + math.exp(-1)))
     assert hal.bound() is not None and hal.bound().chip.name == "cpu"
     assert set(hal.ops.bound_kernels()) == set(OP_NAMES)
+
+
+# ---- `hal ops-check` ---------------------------------------------------------------------------
+def test_ops_check_cli_passes_and_labels_emulated_chips(restore_hal, capsys):
+    from hal.cli import main
+    hal.set_plugin_manager(_fresh_pm(_kernel_plugin("acme_ok", {"silu": (lambda x: F.silu(x), 9)},
+                                                    chips_for=("cpu",))))
+    assert main(["ops-check", "--ops", "silu,softmax", "--dtype", "float32,bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "chip cpu (native, plugin cpu)" in out
+    assert "acme_ok.silu (plugin acme_ok, priority 9)" in out and "FAIL" not in out
+    assert "4 op x dtype checks, 0 failed" in out
+    assert hal.bound() is None  # the check leaves no binding behind
+    assert main(["ops-check", "--chips", "cpu", "--ops", "gelu", "--dtype", "float64", "--json"]) == 0
+    import json
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] and data["chips"][0]["results"][0]["dtype"] == "float64"
+
+
+def test_ops_check_cli_fails_on_a_wrong_kernel(restore_hal, capsys):
+    from hal.cli import main
+    from hal.cli_ops_check import run_checks
+
+    class Fake:  # a second chip, emulated by the check; a wrong gelu kernel registered for it
+        __name__ = "fakechip"
+
+        @hal.hookimpl
+        def hal_plugin_info(self):
+            return hal.PluginInfo(name="fakechip", version="0", contract_version=hal.CONTRACT_VERSION)
+
+        @hal.hookimpl
+        def hal_chips(self):
+            return [hal.ChipSpec(name="fake", vendor="test", torch_device_type="cpu", ccl_backend="gloo")]
+
+        hal_native_available = hal.hookimpl(lambda self, chip: False)
+        hal_device_runtime = hal.hookimpl(lambda self, chip: None)
+        hal_create_process_group = hal.hookimpl(lambda self, chip, store, rank, world_size, timeout: None)
+        hal_collective_capabilities = hal.hookimpl(lambda self, chip: hal.CapabilityMatrix(chip=chip))
+
+        @hal.hookimpl
+        def hal_chip_profile(self, chip, model):
+            u = hal.unknown
+            return hal.ChipProfile(chip=chip, model="fake", peak_flops={}, memory_bytes=u("B"),
+                                   memory_bandwidth=u("B/s"), intra_node_bandwidth=u("B/s"), nic_bandwidth=u("B/s"))
+
+    wrong = _kernel_plugin("acme_wrong", {"gelu": (lambda x, approximate="none": F.gelu(x), 9)}, chips_for=("fake",))
+    hal.set_plugin_manager(_fresh_pm(Fake(), wrong))
+    assert main(["ops-check", "--ops", "gelu", "--dtype", "float32"]) == 1
+    out = capsys.readouterr().out
+    assert "chip fake (EMULATED, plugin fakechip)" in out and "chip cpu (native" in out
+    assert "FAIL   acme_wrong.gelu" in out and "FAIL case tanh" in out
+    assert "1 EMULATED: fake" in out and "2 op x dtype checks, 1 failed" in out
+    reports = run_checks(["fake"], ["float32"], ["gelu", "silu"])
+    assert [r.ok for r in reports[0].rows] == [False, True] and reports[0].emulated
+    assert main(["ops-check", "--chips", "tpu"]) == 2
+    assert "known chips: ['cpu', 'fake']" in capsys.readouterr().err
