@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         links = r["links"]
         intra = f"{_rate(links['intra_bandwidth']['value'])} ({links['intra_bandwidth']['from'].split()[0]})"
         nic = f"{_rate(links['nic_bandwidth']['value'])} ({links['nic_bandwidth']['from'].split()[0]})"
-        print(f"  {r['name']:<14} {r['chip']:<8} {r['model'] or '-':<8} {r['ranks'][0]}-{r['ranks'][1]:<9} "
-              f"{r['node_range'][0]}-{r['node_range'][1]:<7} {r['ranks_per_node']:<8} "
+        ranks = f"{r['ranks'][0]}-{r['ranks'][1]}"
+        nodes = f"{r['node_range'][0]}-{r['node_range'][1]}"
+        print(f"  {r['name']:<14} {r['chip']:<8} {r['model'] or '-':<8} {ranks:<11} {nodes:<9} {r['ranks_per_node']:<8} "
               f"{'EMULATED' if r['emulate'] else 'native':<9} {intra:<22} {nic}")
     return 0
