@@ -1,0 +1,344 @@
+"""One inner process group plus what it does natively (`hal.CapabilityMatrix`); emulates the rest.
+
+Every inner group the bridge uses -- a sub-cluster's vendor CCL, a rail's gloo group, the global gloo
+group -- is wrapped in a `Ccl`. For each (collective, dtype, reduce op) it picks a route once and
+caches it (no lookup beyond a dict hit per call):
+
+- `native`: the inner group does it;
+- `bytes`: a collective that only moves data runs on the tensor's bytes (uint8 view), for a dtype the
+  CCL lacks (int16, float8, ...);
+- `widen:<dtype>`: a reduction the CCL lacks in this dtype runs in a wider one and is narrowed back
+  (integers: bit-exact, sums and products wrap the same way; bool: through uint8; 16-bit floats:
+  float32 accumulation, more accurate than the CCL would have been);
+- `via_all_reduce` / `via_all_gather` / `via_broadcast` / `via_p2p`: a collective the CCL lacks is
+  built from one it has (e.g. HCCL has no gather; a reduce-scatter from an all-reduce and a slice);
+- `gather_reduce`: a reduce op the CCL lacks in every dtype is done by all-gathering the inputs and
+  reducing locally in rank order (identical on every rank).
+
+Nothing is silently wrong: when no route exists the call raises `hal.NotSupportedError` naming the
+chip, the collective, the dtype and the op. Calls return a `Handle`; `Handle.wait()` finishes the
+inner work (and any copy back), turning an inner failure into `StageFailure` naming this group.
+"""
+from __future__ import annotations
+
+import functools
+from datetime import timedelta
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch._C import _distributed_c10d as c10d
+
+from hal.capabilities import CapabilityMatrix, dtype_name
+from hal.errors import NotSupportedError
+
+from .reduction import TORCH_OP, WIDER, byte_view, local_reduce
+
+
+class StageFailure(Exception):
+    """An inner group's operation failed; `stage` names the group and the step (internal: the
+    process group turns it into BridgeTimeoutError / BridgePeerError with the op and sequence)."""
+
+    def __init__(self, stage: str, cause: BaseException):
+        self.stage, self.cause = stage, cause
+        super().__init__(f"{stage}: {type(cause).__name__}: {cause}")
+
+
+class Handle:
+    """Issued inner work; `wait()` completes it and runs the finishing copies exactly once."""
+
+    __slots__ = ("works", "finish", "stage", "_done")
+
+    def __init__(self, works: Sequence = (), finish: Optional[Callable[[], None]] = None, stage: str = ""):
+        self.works, self.finish, self.stage, self._done = list(works), finish, stage, False
+
+    def wait(self) -> None:
+        if self._done:
+            return
+        try:
+            for w in self.works:
+                w.wait()
+        except StageFailure:
+            raise
+        except Exception as exc:
+            raise StageFailure(self.stage, exc) from exc
+        self._done = True
+        if self.finish is not None:
+            self.finish()
+
+
+DONE = Handle()
+
+
+def _guarded(fn):
+    """An inner group that fails when the op is *issued* (a peer already gone) raises RuntimeError
+    (c10d's DistBackendError is one); report it like a failure at wait time, naming the group."""
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs):
+        try:
+            return fn(self, *args, **kwargs)
+        except StageFailure:
+            raise
+        except RuntimeError as exc:
+            raise StageFailure(self._stage(fn.__name__), exc) from exc
+    return call
+
+
+def _opts(cls, **kw):
+    o = cls()
+    for k, v in kw.items():
+        setattr(o, k, v)
+    return o
+
+
+class Ccl:
+    """`pg` (group ranks 0..size-1, this process is `rank`) with capabilities `caps`.
+
+    `label` names the group in errors ("intra cuda sub-cluster ranks [0, 1]"); `device` is where this
+    group's tensors live (the chip's device for a vendor group, cpu for gloo)."""
+
+    def __init__(self, pg, caps: CapabilityMatrix, label: str, rank: int, size: int,
+                 device: torch.device, timeout: Optional[timedelta] = None):
+        self.pg, self.caps, self.label, self.rank, self.size = pg, caps, label, rank, size
+        self.device = device
+        self.timeout = timeout
+        self._ag = getattr(pg, "_allgather_base", None) or getattr(pg, "all_gather_single", None)
+        self._rs = getattr(pg, "_reduce_scatter_base", None) or getattr(pg, "reduce_scatter_single", None)
+        self._a2a = getattr(pg, "alltoall_base", None) or getattr(pg, "all_to_all_single", None)
+        self._routes: dict[tuple, str] = {}
+        self.route_counts: dict[tuple, int] = {}
+
+    def __repr__(self) -> str:
+        return f"Ccl({self.label}, rank {self.rank}/{self.size})"
+
+    # ---- route selection (cached) --------------------------------------------------------------
+    def route(self, coll: str, dtype: torch.dtype, op: Optional[str] = None) -> str:
+        key = (coll, dtype, op)
+        r = self._routes.get(key)
+        if r is None:
+            r = self._routes[key] = self._choose(coll, dtype, op)
+        self.route_counts[key] = self.route_counts.get(key, 0) + 1
+        return r
+
+    def _has(self, coll: str, dtype: torch.dtype, op: Optional[str] = None) -> bool:
+        return self.caps.supports(coll, dtype_name(dtype), op)
+
+    def _choose(self, coll: str, dtype: torch.dtype, op: Optional[str]) -> str:
+        if self._has(coll, dtype, op):
+            return "native"
+        reducing = op is not None
+        if not reducing:
+            if coll != "barrier" and self._has(coll, torch.uint8):
+                return "bytes"
+            fallback = {"all_gather_into_tensor": ("broadcast", "via_broadcast"),
+                        "broadcast": ("all_gather_into_tensor", "via_all_gather"),
+                        "all_to_all_single": ("send_recv", "via_p2p"),
+                        "barrier": ("all_reduce", "via_all_reduce")}.get(coll)
+            if fallback and (self._has(fallback[0], torch.uint8) or self._has(fallback[0], torch.int64, "sum")
+                             or self._has(fallback[0], torch.uint8, "sum")):
+                return fallback[1]
+            raise self._refuse(coll, dtype, op)
+        for wide in WIDER.get(dtype, ()):
+            if self._has(coll, wide, op):
+                return f"widen:{dtype_name(wide)}"
+        if coll in ("reduce", "reduce_scatter_tensor"):
+            if self._has("all_reduce", dtype, op) or any(self._has("all_reduce", w, op) for w in WIDER.get(dtype, ())):
+                return "via_all_reduce"
+        if coll in ("all_reduce", "reduce", "reduce_scatter_tensor") and \
+                (self._has("all_gather_into_tensor", dtype) or self._has("all_gather_into_tensor", torch.uint8)):
+            return "gather_reduce"
+        raise self._refuse(coll, dtype, op)
+
+    def _refuse(self, coll: str, dtype: torch.dtype, op: Optional[str]) -> NotSupportedError:
+        what = f"{coll} dtype={dtype_name(dtype)}" + (f" op={op}" if op else "")
+        return NotSupportedError(f"hetero: {self.label}: {what} is neither native to chip "
+                                 f"{self.caps.chip!r} ({self.caps.source}) nor emulable from what it has")
+
+    def _stage(self, what: str) -> str:
+        return f"{what} on {self.label}"
+
+    # ---- reductions ------------------------------------------------------------------------------
+    @_guarded
+    def all_reduce(self, t: torch.Tensor, op: str) -> Handle:
+        """In place on contiguous `t`."""
+        if self.size == 1:
+            return DONE
+        r = self.route("all_reduce", t.dtype, op)
+        stage = self._stage(f"all_reduce {dtype_name(t.dtype)} {op}")
+        if r == "native":
+            return Handle([self.pg.allreduce([t], _opts(c10d.AllreduceOptions, reduceOp=TORCH_OP[op]))],
+                          stage=stage)
+        if r.startswith("widen:"):
+            wide = t.to(getattr(torch, r[6:]))
+            w = self.pg.allreduce([wide], _opts(c10d.AllreduceOptions, reduceOp=TORCH_OP[op]))
+            return Handle([w], lambda: t.copy_(wide != 0 if t.dtype == torch.bool else wide), stage)
+        return self._gather_reduce(t, t, op, stage)
+
+    def _gather_reduce(self, out: torch.Tensor, inp: torch.Tensor, op: str, stage: str,
+                       chunk: Optional[int] = None) -> Handle:
+        stack = torch.empty((self.size, inp.numel()), dtype=inp.dtype, device=inp.device)
+        h = self.all_gather_into_tensor(stack.view(-1), inp.reshape(-1))
+
+        def finish():
+            res = local_reduce(stack, op, inp.dtype)
+            if chunk is None:
+                out.view(-1).copy_(res)
+            else:
+                out.view(-1).copy_(res[self.rank * chunk:(self.rank + 1) * chunk])
+        return Handle([h], finish, stage)
+
+    @_guarded
+    def reduce(self, t: torch.Tensor, root: int, op: str) -> Handle:
+        if self.size == 1:
+            return DONE
+        r = self.route("reduce", t.dtype, op)
+        if r == "native":
+            return Handle([self.pg.reduce([t], _opts(c10d.ReduceOptions, reduceOp=TORCH_OP[op], rootRank=root,
+                                                    rootTensor=0))], stage=self._stage("reduce"))
+        if r.startswith("widen:"):
+            wide = t.to(getattr(torch, r[6:]))
+            w = self.pg.reduce([wide], _opts(c10d.ReduceOptions, reduceOp=TORCH_OP[op], rootRank=root, rootTensor=0))
+            return Handle([w], lambda: t.copy_(wide != 0 if t.dtype == torch.bool else wide), self._stage("reduce"))
+        return self.all_reduce(t, op)  # via_all_reduce / gather_reduce: every rank gets the result
+
+    @_guarded
+    def reduce_scatter_tensor(self, out: torch.Tensor, inp: torch.Tensor, op: str) -> Handle:
+        """`inp` holds size * out.numel() elements; this rank gets the reduction of its block."""
+        if self.size == 1:
+            out.view(-1).copy_(inp.view(-1))
+            return DONE
+        r = self.route("reduce_scatter_tensor", inp.dtype, op)
+        stage = self._stage(f"reduce_scatter {dtype_name(inp.dtype)} {op}")
+        if r == "native":
+            return Handle([self._rs(out, inp, _opts(c10d.ReduceScatterOptions, reduceOp=TORCH_OP[op]))], stage=stage)
+        if r.startswith("widen:"):
+            wd = getattr(torch, r[6:])
+            wi, wo = inp.to(wd), torch.empty(out.shape, dtype=wd, device=out.device)
+            w = self._rs(wo, wi, _opts(c10d.ReduceScatterOptions, reduceOp=TORCH_OP[op]))
+            return Handle([w], lambda: out.copy_(wo != 0 if out.dtype == torch.bool else wo), stage)
+        n = out.numel()
+        if r == "via_all_reduce":
+            tmp = inp.clone()
+            h = self.all_reduce(tmp, op)
+            return Handle([h], lambda: out.view(-1).copy_(tmp.view(-1)[self.rank * n:(self.rank + 1) * n]), stage)
+        return self._gather_reduce(out, inp, op, stage, chunk=n)
+
+    # ---- data movement ---------------------------------------------------------------------------
+    @_guarded
+    def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor) -> Handle:
+        if self.size == 1:
+            out.view(-1).copy_(inp.view(-1))
+            return DONE
+        r = self.route("all_gather_into_tensor", inp.dtype)
+        stage = self._stage(f"all_gather {dtype_name(inp.dtype)}")
+        if r == "native":
+            return Handle([self._ag(out, inp, c10d.AllgatherOptions())], stage=stage)
+        if r == "bytes":
+            return Handle([self._ag(byte_view(out), byte_view(inp), c10d.AllgatherOptions())], stage=stage)
+        # via_broadcast: every rank broadcasts its block in turn.
+        n = inp.numel()
+        flat = out.view(-1)
+        flat[self.rank * n:(self.rank + 1) * n].copy_(inp.view(-1))
+        return Handle([self.broadcast(flat[i * n:(i + 1) * n], i) for i in range(self.size)], stage=stage)
+
+    @_guarded
+    def broadcast(self, t: torch.Tensor, root: int) -> Handle:
+        if self.size == 1:
+            return DONE
+        r = self.route("broadcast", t.dtype)
+        stage = self._stage(f"broadcast from {root}")
+        if r == "native":
+            return Handle([self.pg.broadcast([t], _opts(c10d.BroadcastOptions, rootRank=root, rootTensor=0))],
+                          stage=stage)
+        if r == "bytes":
+            return Handle([self.pg.broadcast([byte_view(t)], _opts(c10d.BroadcastOptions, rootRank=root,
+                                                                   rootTensor=0))], stage=stage)
+        stack = torch.empty((self.size, t.numel()), dtype=t.dtype, device=t.device)
+        h = self.all_gather_into_tensor(stack.view(-1), t.reshape(-1))
+        return Handle([h], lambda: t.view(-1).copy_(stack[root]), stage)
+
+    @_guarded
+    def all_to_all_single(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
+                          in_splits: list[int]) -> Handle:
+        """Flat 1-D `out`/`inp`; splits in elements (uneven allowed)."""
+        if self.size == 1:
+            out.copy_(inp)
+            return DONE
+        r = self.route("all_to_all_single", inp.dtype)
+        stage = self._stage("all_to_all")
+        if r == "native":
+            return Handle([self._a2a(out, inp, list(out_splits), list(in_splits), c10d.AllToAllOptions())],
+                          stage=stage)
+        if r == "bytes":
+            e = inp.element_size()
+            return Handle([self._a2a(byte_view(out), byte_view(inp), [s * e for s in out_splits],
+                                     [s * e for s in in_splits], c10d.AllToAllOptions())], stage=stage)
+        works = []
+        in_off = [sum(in_splits[:i]) for i in range(self.size)]
+        out_off = [sum(out_splits[:i]) for i in range(self.size)]
+        out[out_off[self.rank]:out_off[self.rank] + out_splits[self.rank]].copy_(
+            inp[in_off[self.rank]:in_off[self.rank] + in_splits[self.rank]])
+        for peer in range(self.size):
+            if peer != self.rank and in_splits[peer]:
+                works.append(self.send(inp[in_off[peer]:in_off[peer] + in_splits[peer]], peer, 0))
+            if peer != self.rank and out_splits[peer]:
+                works.append(self.recv(out[out_off[peer]:out_off[peer] + out_splits[peer]], peer, 0))
+        return Handle(works, stage=stage)
+
+    @_guarded
+    def send(self, t: torch.Tensor, dst: int, tag: int) -> Handle:
+        r = self.route("send_recv", t.dtype)
+        if r not in ("native", "bytes"):
+            raise self._refuse("send_recv", t.dtype, None)
+        x = t if r == "native" else byte_view(t)
+        return Handle([self.pg.send([x], dst, tag)], stage=self._stage(f"send to {dst}"))
+
+    @_guarded
+    def recv(self, t: torch.Tensor, src: int, tag: int) -> Handle:
+        r = self.route("send_recv", t.dtype)
+        if r not in ("native", "bytes"):
+            raise self._refuse("send_recv", t.dtype, None)
+        x = t if r == "native" else byte_view(t)
+        return Handle([self.pg.recv([x], src, tag)], stage=self._stage(f"recv from {src}"))
+
+    @_guarded
+    def gather(self, out: Optional[torch.Tensor], inp: torch.Tensor, root: int) -> Handle:
+        """Flat `inp`; at `root`, `out` holds size * inp.numel() elements (else None)."""
+        if self.size == 1:
+            out.view(-1).copy_(inp.view(-1))
+            return DONE
+        r = self.route("gather", inp.dtype)
+        stage = self._stage(f"gather to {root}")
+        if r in ("native", "bytes"):
+            conv = (lambda x: x) if r == "native" else byte_view
+            n = inp.numel()
+            outs = [[conv(out.view(-1)[i * n:(i + 1) * n]) for i in range(self.size)]] if self.rank == root else []
+            return Handle([self.pg.gather(outs, [conv(inp)], _opts(c10d.GatherOptions, rootRank=root))], stage=stage)
+        stack = torch.empty((self.size * inp.numel(),), dtype=inp.dtype, device=inp.device)
+        h = self.all_gather_into_tensor(stack, inp)
+        return Handle([h], (lambda: out.view(-1).copy_(stack)) if self.rank == root else None, stage)
+
+    @_guarded
+    def scatter(self, out: torch.Tensor, inp: Optional[torch.Tensor], root: int) -> Handle:
+        """Flat `out`; at `root`, `inp` holds size * out.numel() elements."""
+        if self.size == 1:
+            out.view(-1).copy_(inp.view(-1))
+            return DONE
+        r = self.route("scatter", out.dtype)
+        stage = self._stage(f"scatter from {root}")
+        n = out.numel()
+        if r in ("native", "bytes"):
+            conv = (lambda x: x) if r == "native" else byte_view
+            ins = [[conv(inp.view(-1)[i * n:(i + 1) * n]) for i in range(self.size)]] if self.rank == root else []
+            return Handle([self.pg.scatter([conv(out)], ins, _opts(c10d.ScatterOptions, rootRank=root))], stage=stage)
+        full = inp.reshape(-1).clone() if self.rank == root else torch.empty(self.size * n, dtype=out.dtype,
+                                                                              device=out.device)
+        h = self.broadcast(full, root)
+        return Handle([h], lambda: out.view(-1).copy_(full[self.rank * n:(self.rank + 1) * n]), stage)
+
+    def barrier(self) -> Handle:
+        if self.size == 1:
+            return DONE
+        if self.caps.supports("barrier", "float32") or self.caps.supports("barrier", "uint8"):
+            return Handle([self.pg.barrier(c10d.BarrierOptions())], stage=self._stage("barrier"))
+        t = torch.zeros(1, dtype=torch.int64, device=self.device)
+        return self.all_reduce(t, "sum")

@@ -1,0 +1,72 @@
+"""Reusable buffers and host<->device copies for the bridge.
+
+`ScratchPool` hands out views of buffers kept per (slot, dtype, device). A buffer grows to the
+largest request seen for its slot and is then reused, so steady-state collectives allocate nothing
+(`allocations` counts real allocations; the tests check it stays flat). Host buffers are pinned
+(page-locked) when this rank's chip is a native accelerator, so device<->host copies run
+asynchronously on the copy engine; for an emulated chip (CPU tensors) the cross step reads the
+tensors where they are and no host copy is made at all.
+
+`DeviceSync` waits for device copies before gloo reads host memory: an event recorded on the chip's
+current stream, synchronised by the host (native chips only; a no-op on CPU tensors).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+
+class ScratchPool:
+    def __init__(self, pin: Optional[Any] = None):
+        """`pin`: a callable returning a pinned copy of a host tensor (None: do not pin)."""
+        self._bufs: dict[tuple, torch.Tensor] = {}
+        self._pin = pin
+        self.allocations = 0
+        self.bytes = 0
+
+    def get(self, slot: Any, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A 1-D view of `numel` elements; contents are whatever the slot held before."""
+        key = (slot, dtype, device)
+        buf = self._bufs.get(key)
+        if buf is None or buf.numel() < numel:
+            old = buf.numel() if buf is not None else 0
+            size = max(numel, 2 * old) if old else numel
+            buf = torch.empty(size, dtype=dtype, device=device)
+            if self._pin is not None and device.type == "cpu":
+                buf = self._pin(buf)
+            self._bufs[key] = buf
+            self.allocations += 1
+            self.bytes += (size - old) * buf.element_size()
+        return buf[:numel]
+
+    def zeros(self, slot: Any, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        t = self.get(slot, numel, dtype, device)
+        t.zero_()
+        return t
+
+    def clear(self) -> None:
+        self._bufs.clear()
+
+
+class DeviceSync:
+    """Orders host reads after device copies for a native chip; nothing to do for CPU tensors."""
+
+    def __init__(self, accelerator: Any):
+        self.native = accelerator is not None and not accelerator.emulated and accelerator.device.type != "cpu"
+        self._acc = accelerator
+
+    def host_ready(self) -> None:
+        """Block until every copy issued so far on the current stream has landed."""
+        if self.native:
+            ev = self._acc.Event()
+            ev.record(self._acc.current_stream())
+            ev.synchronize()
+
+    def caller_event(self) -> Optional[Any]:
+        """An event on the caller's current stream (recorded at submit; the executor waits on it)."""
+        if not self.native:
+            return None
+        ev = self._acc.Event()
+        ev.record(self._acc.current_stream())
+        return ev
