@@ -1,0 +1,123 @@
+"""hal_ascend's native path against the torch_npu stand-in, run inside a throwaway worker process
+(the stand-in renames torch's PrivateUse1 backend to `npu`, irreversibly, as torch_npu does).
+
+Each case returns picklable observations; tests/test_plugin_ascend.py asserts on them.
+"""
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from datetime import timedelta
+
+import torch
+
+from . import activate
+
+
+def _bind(device_name: str = "Ascend910B2", device_count: int = 4, env: dict | None = None):
+    activate()
+    import torch_npu  # noqa: F401  (the stand-in: registers torch.npu)
+    from torch_npu._state import STATE
+
+    import hal
+    import hal_ascend
+    import hal_cpu
+    for key in ("LOCAL_RANK", "ASCEND_RT_VISIBLE_DEVICES", "HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT"):
+        os.environ.pop(key, None)
+    os.environ.update(env or {})
+    STATE.device_count, STATE.device_name, STATE.current = device_count, device_name, 0
+    STATE.record.clear()
+    hal_ascend.hccl._applied.clear()  # torch_npu reads HCCL timeouts once per process: start afresh
+    hal.reset()
+    pm = hal.PluginManager()
+    pm.register(hal_cpu)
+    pm.register(hal_ascend)
+    return hal.bind("ascend", emulated=False, pm=pm), STATE
+
+
+def native_bind(local_rank: int, visible: str, device_name: str) -> dict:
+    import hal_ascend
+    acc, state = _bind(device_name, 4, {"LOCAL_RANK": str(local_rank), "ASCEND_RT_VISIBLE_DEVICES": visible})
+    return {"device": str(acc.device), "emulated": acc.emulated, "profile": acc.profile.model,
+            "calls": [c[:2] for c in state.record.calls if c[0] in ("set_device", "get_device_name")],
+            "memory": acc.get_memory_info(), "runtime": type(acc.runtime).__name__,
+            "stream": acc.Stream.__module__, "probe": hal_ascend.probe(),
+            "kernels": {op: (k.plugin, k.name) for op, k in acc.kernels.items()}}
+
+
+def process_groups(timeouts_s: list, preset: dict) -> dict:
+    import torch.distributed as dist
+    acc, state = _bind(env=preset)
+    caught = []
+    for t in timeouts_s:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            pg = acc.new_process_group(dist.HashStore(), 1, 2, timedelta(seconds=t))
+        caught.append([str(x.message) for x in w])
+        assert pg.getBackendName() == "hccl"
+    return {"groups": [c[1:] for c in state.record.named("ProcessGroupHCCL")], "warnings": caught,
+            "env": {k: os.environ.get(k) for k in ("HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT")}}
+
+
+def _err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return (got.float() - want.float()).abs().max().item() if got.numel() else 0.0
+
+
+def op_overrides() -> dict:
+    import hal
+    from hal.ops import reference as ref
+    acc, state = _bind("Ascend910B3")
+    rec = state.record
+    out: dict = {"kernels": {op: k.name for op, k in acc.kernels.items()}}
+    g = torch.Generator().manual_seed(0)
+
+    def run(label, fn, *args, want):
+        rec.clear()
+        got = fn(*args)
+        out[label] = {"err": _err(got, want), "calls": list(rec.calls), "nan": bool(torch.isnan(got).any())}
+        return got
+
+    x, w = torch.randn(4, 6, 32, generator=g), torch.randn(32, generator=g)
+    run("rms_norm", hal.ops.rms_norm, x, w, 1e-5, want=ref.rms_norm(x, w, 1e-5))
+    xb = x.bfloat16()
+    run("rms_norm_bf16_f32w", hal.ops.rms_norm, xb, w, 1e-5, want=ref.rms_norm(xb, w, 1e-5))
+    xd = x.double()
+    run("rms_norm_f64", hal.ops.rms_norm, xd, w.double(), 1e-5, want=ref.rms_norm(xd, w.double(), 1e-5))
+
+    q = torch.randn(2, 4, 6, 16, generator=g)
+    k = torch.randn(2, 4, 9, 16, generator=g)
+    v = torch.randn(2, 4, 9, 16, generator=g)
+    run("sdpa_plain", hal.ops.scaled_dot_product_attention, q, k, v, want=ref.scaled_dot_product_attention(q, k, v))
+    run("sdpa_causal", hal.ops.scaled_dot_product_attention, q, k, v, None, True,
+        want=ref.scaled_dot_product_attention(q, k, v, None, True))
+    mask = torch.rand(2, 1, 6, 9, generator=g) > 0.4
+    mask[1, 0, 3] = False  # no key for this query: the HAL returns zeros there
+    got = run("sdpa_bool_mask", hal.ops.scaled_dot_product_attention, q, k, v, mask, False, 0.2,
+              want=ref.scaled_dot_product_attention(q, k, v, mask, False, 0.2))
+    out["sdpa_bool_mask"]["dead_row_zero"] = bool((got[1, :, 3] == 0).all())
+    # FA's mask means "True = masked": the adapter must hand it the complement, in B1SS layout.
+    out["sdpa_bool_mask"]["fa_mask_is_complement"] = bool(torch.equal(state.last_atten_mask, ~mask))
+    heads_mask = torch.rand(1, 4, 6, 9, generator=g) > 0.3
+    run("sdpa_head_mask_causal", hal.ops.scaled_dot_product_attention, q, k, v, heads_mask, True,
+        want=ref.scaled_dot_product_attention(q, k, v, heads_mask, True))
+    add = torch.randn(6, 9, generator=g)
+    run("sdpa_float_mask", hal.ops.scaled_dot_product_attention, q, k, v, add,
+        want=ref.scaled_dot_product_attention(q, k, v, add))
+
+    xr = torch.randn(2, 4, 6, 16, generator=g)
+    ang = torch.randn(1, 1, 6, 8, generator=g)
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    run("rotary", hal.ops.rotary_embedding, xr, cos, sin, want=ref.rotary_embedding(xr, cos, sin))
+    run("rotary_2d_cos", hal.ops.rotary_embedding, xr, cos[0, 0], sin[0, 0],
+        want=ref.rotary_embedding(xr, cos[0, 0], sin[0, 0]))
+
+    xs = torch.randn(3, 32, 8, generator=g).transpose(1, 2)  # non-contiguous
+    run("swiglu", hal.ops.swiglu, xs, -1, want=ref.swiglu(xs, -1))
+    out["scale_default"] = 1.0 / math.sqrt(16)
+    return out
+
+
+def family_kernels(device_name: str) -> dict:
+    acc, _ = _bind(device_name)
+    return {op: k.name for op, k in acc.kernels.items() if k.plugin == "ascend"}

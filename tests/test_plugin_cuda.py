@@ -1,0 +1,216 @@
+"""hal_cuda: probe, native bind, ProcessGroupNCCL creation, NCCL capability matrix, op overrides.
+
+Natively unavailable here, so the native path runs against torch.cuda patched to show NVIDIA GPUs
+and a stand-in ProcessGroupNCCL (tests/stand_ins/_stand_in_cuda.py, _stand_in_nccl.py). Upstream followed:
+- pytorch/pytorch v2.13.0, torch/distributed/distributed_c10d.py `_new_process_group_helper`
+  (the copy installed here): ProcessGroupNCCL.Options(), is_high_priority_stream = False,
+  _timeout = timeout, ProcessGroupNCCL(store, rank, size, options), _set_sequence_number_for_group().
+- pytorch/pytorch main as indexed: torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (ncclOp,
+  getNcclReduceOp, isUnsupportedFloat8) and NCCLUtils.hpp (ncclDataType, NCCL_SUPPORTS_FP8 >= 2.24).
+Tests marked `cuda` run the same paths on a real NVIDIA GPU and are skipped elsewhere.
+"""
+from __future__ import annotations
+
+import importlib
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import hal
+import hal_cpu
+import hal_cuda
+import hal_kunlun
+from hal.ops import reference
+from hal_cuda import kernels
+
+from .stand_ins import _stand_in_nccl as fake_nccl
+from .stand_ins._stand_in_cuda import CudaState, patch_torch_cuda
+
+_acc_module = importlib.import_module("hal.accelerator")
+HAS_GPU = torch.cuda.is_available()
+
+
+@pytest.fixture
+def restore_hal():
+    pm = _acc_module.get_plugin_manager()
+    prev = hal.bound()
+    yield
+    hal.set_plugin_manager(pm)
+    hal.reset()
+    if prev is not None:
+        _acc_module._BOUND = prev
+        hal.ops.bind(prev.kernels)
+
+
+@pytest.fixture
+def pm(restore_hal):
+    m = hal.PluginManager()
+    for plugin in (hal_cpu, hal_cuda, hal_kunlun):
+        m.register(plugin)
+    return m
+
+
+@pytest.fixture
+def fake_nvidia(monkeypatch):
+    """torch.cuda patched to show two NVIDIA H100s; calls recorded in `.calls`."""
+    return patch_torch_cuda(monkeypatch, CudaState())
+
+
+def test_chip_spec():
+    c = hal_cuda.CHIP
+    assert (c.name, c.torch_device_type, c.ccl_backend, c.ccl_name, c.visible_devices_env) == \
+        ("cuda", "cuda", "nccl", "NCCL", "CUDA_VISIBLE_DEVICES")
+
+
+@pytest.mark.skipif(HAS_GPU, reason="an NVIDIA GPU is present: the native tests below cover it")
+def test_absent_here_and_native_bind_refused(pm):
+    found = hal_cuda.probe()
+    assert found["native"] is False and "without CUDA" in found["reason"]
+    assert pm.native_available("cuda") is False
+    with pytest.raises(hal.ChipUnavailableError, match="chip 'cuda'.*not natively available"):
+        hal.bind("cuda", emulated=False, pm=pm)
+    with pytest.raises(hal.ChipUnavailableError, match="hook 'hal_device_runtime'"):
+        hal_cuda.hal_device_runtime("cuda")
+
+
+def test_other_cuda_builds_not_claimed(fake_nvidia, monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    found = hal_cuda.probe()
+    assert found["native"] is False and "ROCm" in found["reason"]
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert hal_cuda.probe()["native"] is False
+
+
+def test_native_bind_device_by_local_rank(pm, fake_nvidia, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    acc = hal.bind("cuda", emulated=False, pm=pm)
+    assert ("set_device", 1) in fake_nvidia.calls  # LOCAL_RANK 3 % 2 devices
+    assert acc.device == torch.device("cuda", 1) and not acc.emulated
+    assert isinstance(acc.runtime, hal_cuda.CudaRuntime) and acc.runtime.module is torch.cuda
+    assert acc.profile.model == hal.catalog.get("cuda", "H100").model  # picked by device name
+    assert acc.get_memory_info() == (3 * 2**30, 80 * 2**30)
+    assert acc.Stream is torch.cuda.Stream and acc.Event is torch.cuda.Event
+    assert acc.kernels["scaled_dot_product_attention"].plugin == "cuda"
+    assert acc.kernels["adamw_step"].name == "torch.optim.adamw(fused=True)"
+    # The fp8 reductions NCCL >= 2.24 does on SM 9.0 are declared once the device is known.
+    assert acc.capabilities.supports("all_reduce", "float8_e4m3fn", "sum")
+
+
+def test_unknown_gpu_gets_a_profile_of_unknowns(pm, fake_nvidia):
+    fake_nvidia.name = "NVIDIA GeForce RTX 4090"
+    acc = hal.bind("cuda", emulated=False, pm=pm)
+    prof = acc.profile
+    assert prof.model == "NVIDIA GeForce RTX 4090" and "measured later" in prof.notes
+    figures = list(prof.peak_flops.values()) + [prof.memory_bytes, prof.memory_bandwidth,
+                                                prof.intra_node_bandwidth, prof.nic_bandwidth]
+    assert figures and all(f.value is None for f in figures)
+
+
+def test_process_group_is_nccl_with_hal_timeout(pm, fake_nvidia):
+    acc = hal.bind("cuda", emulated=False, pm=pm)
+    store = dist.HashStore()
+    pg = acc.new_process_group(store, 1, 4, timedelta(seconds=42))
+    assert isinstance(pg, fake_nccl.FakeProcessGroupNCCL)
+    rec = fake_nccl.CREATED[-1]
+    assert rec["store"] is store and (rec["rank"], rec["size"]) == (1, 4)
+    assert rec["timeout"] == timedelta(seconds=42) and rec["is_high_priority_stream"] is False
+    assert rec["seq_set"] is True
+    # The plugin manager wraps the ValueError, naming plugin and hook.
+    with pytest.raises(hal.PluginHookError, match="plugin 'cuda', hook 'hal_create_process_group'.*timeout must be a positive"):
+        acc.new_process_group(store, 0, 2, timedelta(0))
+    with pytest.raises(hal.PluginHookError, match=r"rank 5 is not in \[0, world_size=2\)"):
+        acc.new_process_group(store, 5, 2, timedelta(seconds=1))
+
+
+def test_process_group_without_nccl_build(monkeypatch):
+    monkeypatch.delattr(dist, "ProcessGroupNCCL", raising=False)
+    with pytest.raises(hal.ChipUnavailableError, match="no NCCL"):
+        hal_cuda.hal_create_process_group("cuda", dist.HashStore(), 0, 1, timedelta(seconds=5))
+
+
+def test_capability_matrix_as_torch_source_says():
+    m = hal_cuda.nccl_capabilities()
+    assert m.supports("all_reduce", "bfloat16", "avg") and m.supports("reduce_scatter", "float16", "premul_sum")
+    assert m.supports("all_reduce", "bool", "sum") and not m.supports("all_reduce", "bool", "avg")
+    assert not m.supports("all_reduce", "int32", "premul_sum") and m.supports("all_reduce", "int32", "avg")
+    assert not any(m.supports("all_reduce", "float32", op) for op in ("band", "bor", "bxor"))
+    assert not any(e[1] == "int16" for e in m.entries)  # not in ncclDataType
+    assert m.supports("gather", "float32") and m.supports("all_to_all", "int64")
+    assert m.supports("all_gather", "float8_e5m2") and not m.supports("all_reduce", "float8_e5m2", "sum")
+    fp8 = hal_cuda.nccl_capabilities(nccl_version=(2, 27, 3), compute_capability=(9, 0))
+    assert fp8.supports("all_reduce", "float8_e4m3fn", "max") and not fp8.supports("all_reduce", "float8_e4m3fn", "premul_sum")
+    assert not hal_cuda.nccl_capabilities(nccl_version=(2, 27, 3), compute_capability=(8, 0)).supports(
+        "all_reduce", "float8_e4m3fn", "sum")
+    old = hal_cuda.nccl_capabilities(nccl_version=(2, 9, 9), compute_capability=(8, 0))
+    assert not old.supports("all_reduce", "float32", "avg") and not old.supports("all_reduce", "float32", "premul_sum")
+    assert "ProcessGroupNCCL.cpp" in m.source
+
+
+def test_no_cuda_kernels_when_emulated(pm):
+    assert not [k for k in pm.op_kernels("cuda", emulated=True) if k.plugin == "cuda"]
+    assert {k.op for k in pm.op_kernels("cuda", emulated=False) if k.plugin == "cuda"} >= {
+        "scaled_dot_product_attention", "adamw_step", "rms_norm"}
+
+
+def _sdpa_cases(device="cpu", dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, 5, 16, generator=g).to(device, dtype)
+    k = torch.randn(2, 3, 7, 16, generator=g).to(device, dtype)
+    v = torch.randn(2, 3, 7, 16, generator=g).to(device, dtype)
+    bool_mask = torch.rand(2, 1, 5, 7, generator=g) > 0.4
+    bool_mask[0, 0, 2] = False  # a row with no key: the HAL gives zeros
+    add_mask = torch.randn(5, 7, generator=g)
+    add_mask[1] = float("-inf")
+    for mask in (None, bool_mask.to(device), add_mask.to(device, dtype)):
+        for causal in (False, True):
+            yield q, k, v, mask, causal
+
+
+def test_cuda_kernels_match_reference_on_cpu_tensors():
+    for q, k, v, mask, causal in _sdpa_cases():
+        got = kernels.scaled_dot_product_attention(q, k, v, mask, causal, 0.3)
+        want = reference.scaled_dot_product_attention(q, k, v, mask, causal, 0.3)
+        assert torch.allclose(got, want, atol=1e-5), (mask is None, causal, (got - want).abs().max())
+    g = torch.Generator().manual_seed(1)
+    params = [torch.randn(4, 3, generator=g), torch.randn(5, generator=g)]
+    grads = [torch.randn_like(p) for p in params]
+    a = [p.clone() for p in params]
+    b = [p.clone() for p in params]
+    sa = [[torch.zeros_like(p) for p in params] for _ in range(2)]
+    sb = [[torch.zeros_like(p) for p in params] for _ in range(2)]
+    for step in (1, 2, 3):
+        kernels.adamw_step(a, grads, sa[0], sa[1], step, 1e-2, 0.9, 0.999, 1e-8, 0.1)
+        reference.adamw_step(b, grads, sb[0], sb[1], step, 1e-2, 0.9, 0.999, 1e-8, 0.1)
+    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a, b))
+    x, w = torch.randn(4, 8, generator=g), torch.randn(8, generator=g)
+    assert torch.allclose(kernels.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6), atol=1e-5)
+    assert torch.allclose(kernels.layer_norm(x, w, w, 1e-5), reference.layer_norm(x, w, w, 1e-5), atol=1e-5)
+
+
+# ---- on a real NVIDIA GPU (skipped elsewhere) ---------------------------------------------------
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="needs a native NVIDIA GPU")
+def test_native_gpu_bind_kernels_and_nccl(restore_hal):
+    pm = hal.PluginManager()
+    for plugin in (hal_cpu, hal_cuda):
+        pm.register(plugin)
+    acc = hal.bind("cuda", emulated=False, pm=pm)
+    print(f"\n[cuda] device {acc.device} '{acc.runtime.device_name()}' profile {acc.profile.model!r}; "
+          f"capabilities: {acc.capabilities.source}")
+    for dtype, atol in ((torch.float32, 2e-3), (torch.bfloat16, 3e-2)):
+        for q, k, v, mask, causal in _sdpa_cases("cuda", dtype):
+            got = hal.ops.scaled_dot_product_attention(q, k, v, mask, causal)
+            want = reference.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                          None if mask is None else mask.float() if mask.dtype != torch.bool else mask,
+                                                          causal)
+            err = (got.float() - want).abs().max().item()
+            assert err < atol, (dtype, mask is None, causal, err)
+    t = torch.full((1024,), 2.0, device=acc.device)
+    pg = acc.new_process_group(dist.HashStore(), 0, 1, timedelta(seconds=60))
+    pg.allreduce([t]).wait()
+    torch.cuda.synchronize()
+    print(f"[cuda] ProcessGroupNCCL world 1 all_reduce -> {t[0].item()} ({pg.getBackendName()})")
+    assert t[0].item() == 2.0
