@@ -1,0 +1,115 @@
+"""What a conformance check is: a stable id, a level, a one-line purpose, and a function to run.
+
+One engine serves both front ends: `hal conformance` runs the checks directly, and the pytest plugin
+collects the very same `Check` objects as test items. A check function takes a context (the
+worker's `WorkerContext`, or `LocalContext` for contract checks run in the calling process) plus
+its `params`, and either returns a message (passed), raises `CheckFailed` (the message says what was
+expected and what came), or raises `CheckSkipped` (the reason). Any other exception is a failure
+that names its type.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Optional
+
+LEVELS: tuple[str, ...] = ("contract", "runtime", "ops", "collectives", "bridge", "errors", "perf")
+CORE_LEVELS: tuple[str, ...] = ("contract", "runtime", "ops", "errors")
+
+Where = Literal["local", "rank0", "all"]
+Status = Literal["passed", "failed", "skipped"]
+
+
+class CheckFailed(AssertionError):
+    """A check's verdict: the message says what was expected and what came."""
+
+
+class CheckSkipped(Exception):
+    """A check that does not apply here; the message says why."""
+
+
+@dataclass
+class Passed:
+    """A passing check's message plus data the report keeps (perf figures)."""
+
+    message: str = ""
+    data: Any = None
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check. `where`: run in the calling process ("local"), on rank 0 of the worker pool
+    ("rank0"), or on every rank ("all", multi-process). `timeout` bounds one run in seconds: a check
+    that outlives it failed (a hang), and the pool is restarted."""
+
+    id: str
+    level: str
+    doc: str
+    fn: Callable = field(repr=False, compare=False)
+    params: tuple = ()
+    where: Where = "rank0"
+    timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ValueError(f"check {self.id!r}: level {self.level!r} is not one of {LEVELS}")
+        if not self.id.startswith(self.level + "."):
+            raise ValueError(f"check id {self.id!r} must start with its level {self.level!r} + '.'")
+
+
+@dataclass
+class CheckResult:
+    """The outcome of one check, as the JSON report lists it (plus `data` for perf figures)."""
+
+    id: str
+    level: str
+    status: Status
+    message: str
+    duration_s: float
+    data: Any = None
+
+    def as_json(self) -> dict:
+        return {"id": self.id, "level": self.level, "status": self.status, "message": self.message,
+                "duration_s": round(self.duration_s, 6)}
+
+
+def parse_levels(text: str) -> list[str]:
+    """'contract,ops' -> ['contract', 'ops']; 'all' -> every level (in `LEVELS` order)."""
+    names = [t.strip().lower() for t in (text or "all").split(",") if t.strip()]
+    if not names or "all" in names:
+        return list(LEVELS)
+    if "core" in names:
+        names = [n for n in names if n != "core"] + list(CORE_LEVELS)
+    unknown = [n for n in names if n not in LEVELS]
+    if unknown:
+        raise ValueError(f"unknown level(s) {unknown}; choose from {', '.join(LEVELS)}, core or all")
+    return [lvl for lvl in LEVELS if lvl in names]
+
+
+def matches(check_id: str, patterns: Optional[list[str]]) -> bool:
+    """True if `check_id` matches any glob in `patterns` (a pattern without glob characters matches as
+    a substring, like pytest -k); no patterns selects everything."""
+    if not patterns:
+        return True
+    from fnmatch import fnmatchcase
+    for p in patterns:
+        if any(ch in p for ch in "*?["):
+            if fnmatchcase(check_id, p):
+                return True
+        elif p in check_id:
+            return True
+    return False
+
+
+def run_check_fn(fn: Callable, ctx: Any, params: tuple) -> tuple[Status, str, Any]:
+    """Run a check function and turn what happened into (status, message, data)."""
+    try:
+        out = fn(ctx, *params)
+    except CheckSkipped as exc:
+        return "skipped", str(exc), None
+    except CheckFailed as exc:
+        return "failed", str(exc), None
+    except Exception as exc:  # a check that raises unexpectedly failed; say what it raised
+        return "failed", f"raised {type(exc).__name__}: {exc}", None
+    if isinstance(out, Passed):
+        return "passed", out.message, out.data
+    return "passed", "" if out is None else str(out), None

@@ -1,0 +1,83 @@
+"""Run the conformance suite against a plugin: check by check, is it right, and how fast is the chip.
+
+    hal conformance --plugin cpu --level all
+    hal conformance --plugin cuda --emulate --level core,collectives --json out.json --report out.md
+    hal conformance --plugin acme_hal --level ops -k rms_norm --junitxml junit.xml
+
+Levels: contract, runtime, ops, collectives, bridge, errors, perf (`core` = contract, runtime, ops,
+errors; `all` = every level). Exit code 0 only if no selected check failed (skipped checks are listed
+with their reasons; --fail-on-skip makes them fail the run too), 1 if one failed, 2 if the suite
+could not start (unknown plugin or chip, a chip neither native nor --emulate). The same checks run
+under pytest: `pytest -p conformance --hal-plugin NAME [-k EXPR]`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .checks import LEVELS
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugin", required=True,
+                   help="the plugin under test: an entry-point name of group hal.plugins, or a module path")
+    p.add_argument("--chip", help="which of the plugin's chips (default: its first)")
+    p.add_argument("--emulate", action="store_true", help="run the chip emulated on the CPU (labelled EMULATED)")
+    p.add_argument("--level", default="all",
+                   help=f"comma-separated levels from {', '.join(LEVELS)}, or core / all (default all)")
+    p.add_argument("-k", "--select", action="append", default=None, metavar="PATTERN",
+                   help="run only checks whose id matches this glob or substring (repeatable)")
+    p.add_argument("--nproc", type=int, default=2, help="ranks for the multi-process levels (default 2)")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds a collective may take before the chip's group must raise (default 60)")
+    p.add_argument("--json", metavar="FILE", help="write the JSON report here")
+    p.add_argument("--report", metavar="FILE", help="write the human report here (.md Markdown, .html HTML)")
+    p.add_argument("--junitxml", metavar="FILE", help="write JUnit XML here")
+    p.add_argument("--efficiency", metavar="FILE", help="write the efficiency matrix JSON here (perf level)")
+    p.add_argument("--list", action="store_true", help="list the selected check ids with what each verifies")
+    p.add_argument("--fail-on-skip", action="store_true", help="exit 1 if any selected check was skipped")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every result as it comes")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .checks import parse_levels
+    from .suite import discover, run_suite
+    from .target import load_target
+    try:
+        levels = parse_levels(args.level)
+    except ValueError as exc:
+        print(f"hal conformance: error: {exc}", file=sys.stderr)
+        return 2
+    target = load_target(args.plugin, chip=args.chip, emulate=args.emulate, nproc=args.nproc,
+                         group_timeout_s=args.timeout)
+    if args.list:
+        for c in discover(target, levels, args.select):
+            print(f"{c.id:<58} {c.doc}")
+        return 0
+
+    def show(res) -> None:
+        if args.verbose or res.status == "failed":
+            print(f"  {res.status.upper():<7} {res.id} ({res.duration_s:.2f} s): {res.message}", flush=True)
+
+    tag = "EMULATED" if target.emulated else "native"
+    print(f"hal conformance: plugin {target.plugin_name}, chip {target.chip} ({tag}), levels "
+          f"{','.join(levels)}, {args.nproc} ranks", flush=True)
+    report = run_suite(target, levels, args.select, on_result=show)
+    if args.json:
+        report.write_json(args.json)
+    if args.report:
+        report.write_human(args.report)
+    if args.junitxml:
+        report.write_junit(args.junitxml)
+    if args.efficiency:
+        if report.efficiency_matrix is None:
+            print("hal conformance: no efficiency matrix (the perf level did not run or produced no figures); "
+                  f"{args.efficiency} not written", file=sys.stderr)
+        else:
+            report.efficiency_matrix.write(args.efficiency)
+    print(report.console())
+    if not report.ok:
+        return 1
+    if args.fail_on_skip and report.summary["skipped"]:
+        return 1
+    return 0

@@ -1,0 +1,166 @@
+"""Level `collectives`: the chip's own CCL, on every rank of the pool, against golden results.
+
+Check ids: `collectives.<collective>.<dtype>` (non-reducing) and `collectives.<collective>.<dtype>.<op>`
+(reducing), for every combination with a defined result (no bitwise ops on floats, no avg of
+bools). Each runs every size in `SIZES` (empty, one, odd, large) and, for rooted collectives, every
+root; all_to_all(_single) runs even and uneven splits. The capability matrix decides what is asked:
+
+- declared supported: every case must give the golden result (bit-exact for integers, max/min and
+  data movement; within the rounding bound for float reductions, see `collective_golden`);
+- not declared: the call must be refused (raise on every rank, e.g. `hal.NotSupportedError`), or
+  give the right result (the bridge emulates it); a silent wrong result fails.
+
+Also `collectives.process_group` (the group's rank/size and a barrier) and
+`collectives.async_wait` (after `work.wait()` returns, the data is there).
+"""
+from __future__ import annotations
+
+from ..checks import Check, CheckFailed, Passed
+from ..target import Target
+from .collective_golden import ALL_DTYPES, meaningful_ops
+
+SIZES = (0, 1, 7, 1031, 65539)
+REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor")
+MOVING = ("broadcast", "all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single", "gather",
+          "scatter", "send_recv")
+
+
+def _cases(collective: str, dtype: str, op, world: int, sizes=SIZES):
+    from .collective_calls import ROOTED, Case
+    out = []
+    for n in sizes:
+        if collective in ROOTED:
+            out.extend(Case(collective, dtype, op, n, root=r) for r in range(world))
+        elif collective in ("all_to_all", "all_to_all_single"):
+            out.extend(Case(collective, dtype, op, n, uneven=u) for u in (False, True))
+        else:
+            out.append(Case(collective, dtype, op, n))
+    return out
+
+
+def _attempt(ctx, case) -> tuple[bool, str]:
+    """(ok, detail) of one case on this rank; ok=False with the exception or the wrong output."""
+    from .collective_calls import run_case
+    try:
+        outputs = run_case(ctx.ccl(), case, ctx.rank, ctx.world_size, ctx.device)
+    except Exception as exc:
+        return False, f"raised {type(exc).__name__}: {str(exc).strip()[:300]}"
+    wrong = [f"{what}: {why}" for what, why in outputs if why]
+    return (not wrong), "; ".join(wrong)
+
+
+def check_collective(ctx, collective: str, dtype: str, op) -> str:
+    caps = ctx.acc.capabilities
+    declared = caps.supports(collective, dtype, op)
+    label = f"{collective} dtype={dtype}" + (f" op={op}" if op else "")
+    if declared:
+        cases = _cases(collective, dtype, op, ctx.world_size)
+        refused = []
+        for case in cases:
+            ok, detail = _attempt(ctx, case)
+            if case.optional:
+                raised = detail.startswith("raised ")
+                flags = ctx.agree_max([1.0 if raised else 0.0, 0.0 if ok or raised else 1.0])
+                if not ok and not raised:
+                    raise CheckFailed(f"declared supported; {case.describe()} returned a wrong result: {detail}")
+                if flags[1] > 0:
+                    raise CheckFailed(f"declared supported; {case.describe()} failed on another rank")
+                if flags[0] > 0:
+                    refused.append(f"{case.describe()} refused ({detail[len('raised '):][:120]})" if raised
+                                   else f"{case.describe()} refused on another rank")
+                    ctx.drop_ccl()  # ranks that did not raise may have left the group mid-call
+                continue
+            # Agree after every case so all ranks stop together (no rank waits in a collective
+            # its peers never enter).
+            any_bad = ctx.agree_max([0.0 if ok else 1.0])[0] > 0
+            if not ok:
+                raise CheckFailed(f"declared supported ({caps.source}); expected the golden result, "
+                                  f"{case.describe()}: {detail}")
+            if any_bad:
+                raise CheckFailed(f"declared supported; {case.describe()} failed on another rank")
+        note = f"; optional cases refused: {refused[0]}" + (f" (+{len(refused) - 1} more)" if len(refused) > 1 else "") \
+            if refused else ""
+        return f"declared supported: {len(cases) - len(refused)} cases correct (sizes {list(SIZES)}){note}"
+    case = _cases(collective, dtype, op, ctx.world_size, sizes=(7,))[0]
+    ok, detail = _attempt(ctx, case)
+    raised = detail.startswith("raised ")
+    flags = ctx.agree_max([1.0 if raised else 0.0, 0.0 if raised else 1.0])
+    if ok:
+        return f"not declared, yet correct ({case.describe()}): the capability matrix under-declares"
+    if raised and flags[1] == 0.0:
+        return f"not declared, refused as expected: {detail[len('raised '):]}"
+    if raised:
+        raise CheckFailed(f"not declared; expected every rank to refuse {label} (or give the right result), "
+                          f"but this rank raised and another did not: {detail}")
+    raise CheckFailed(f"not declared in the capability matrix, so {label} must raise a not-supported error or "
+                      f"give the right result; it returned without error and a wrong result: {detail}")
+
+
+def check_process_group(ctx) -> str:
+    pg = ctx.ccl()
+    got = []
+    for name, want in (("rank", ctx.rank), ("size", ctx.world_size)):
+        fn = getattr(pg, name, None)
+        if callable(fn):
+            value = fn()
+            if value != want:
+                raise CheckFailed(f"group.{name}() returned {value}, expected {want}")
+            got.append(f"{name}()={value}")
+    pg.barrier().wait()
+    return f"{type(pg).__name__}: {', '.join(got)}; barrier completed"
+
+
+def check_async_wait(ctx) -> str:
+    """Large async collectives, read immediately after wait(): the data must already be there."""
+    import torch
+    import torch.distributed as dist
+    pg, n, world, rank = ctx.ccl(), 1 << 20, ctx.world_size, ctx.rank
+    dev = ctx.device
+    t = torch.full((n,), float(rank + 1), device=dev)
+    work = pg.allreduce([t], dist.AllreduceOptions())
+    work.wait()
+    want = world * (world + 1) / 2
+    got = t[-1].item(), t[0].item()
+    if got != (want, want):
+        raise CheckFailed(f"all_reduce of {n} float32: after work.wait() returned, element [-1] is {got[0]} and [0] "
+                          f"is {got[1]}, expected {want}: wait() returned before the collective finished")
+    out = torch.zeros(n * world, device=dev)
+    pg._allgather_base(out, torch.full((n,), float(rank + 1), device=dev)).wait()
+    firsts = [out[r * n + n - 1].item() for r in range(world)]
+    if firsts != [float(r + 1) for r in range(world)]:
+        raise CheckFailed(f"all_gather_into_tensor of {n} float32 per rank: after wait(), the last element of each "
+                          f"rank's chunk is {firsts}, expected {[float(r + 1) for r in range(world)]}")
+    return f"all_reduce and all_gather_into_tensor of {n} float32: complete when wait() returns"
+
+
+def discover(target: Target) -> list[Check]:
+    t = max(60.0, 2 * target.group_timeout_s + 30)
+    checks = [
+        Check("collectives.process_group", "collectives",
+              "the chip's CCL group reports its rank and size and completes a barrier",
+              check_process_group, where="all", timeout=t),
+        Check("collectives.async_wait", "collectives",
+              "after an async collective's work.wait() returns, the output holds the result",
+              check_async_wait, where="all", timeout=t),
+    ]
+    for coll in REDUCING:
+        for d in ALL_DTYPES:
+            for op in meaningful_ops(d):
+                checks.append(Check(f"collectives.{coll}.{d}.{op}", "collectives",
+                                    f"{coll} of {d} with {op}: golden result if declared, refusal if not",
+                                    check_collective, (coll, d, op), where="all", timeout=t))
+    for coll in MOVING:
+        for d in ALL_DTYPES:
+            checks.append(Check(f"collectives.{coll}.{d}", "collectives",
+                                f"{coll} of {d}: bit-exact if declared, refusal if not",
+                                check_collective, (coll, d, None), where="all", timeout=t))
+    checks.append(Check("collectives.barrier", "collectives", "barrier completes on every rank",
+                        check_barrier, where="all", timeout=t))
+    return checks
+
+
+def check_barrier(ctx) -> str:
+    pg = ctx.ccl()
+    for _ in range(3):
+        pg.barrier().wait()
+    return "3 barriers completed"

@@ -1,0 +1,154 @@
+"""The worker side: what each rank of the pool does to run one check.
+
+A worker binds the chip named by a `WorkerSpec` (its own plugin manager, loaded with only the
+plugins under test, so the pool can serve several plugins one after another), keeps one TCP store
+for the pool's life, a gloo *control* group the suite trusts (to agree on outcomes), and the chip's
+CCL group (`Accelerator.new_process_group`), which is what multi-process checks test. After a
+check that failed on any rank the CCL group is rebuilt, so one broken collective cannot poison the
+next check; the decision is agreed over the control group so every rank rebuilds in step.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+from .checks import run_check_fn
+from .target import WorkerSpec
+
+_STATE: Optional["WorkerContext"] = None
+_STORE: Any = None
+_STORE_KEY: Optional[tuple] = None
+_GROUP_SEQ = 0
+
+
+def _store():
+    """One TCP store per pool (rank 0 serves it on MASTER_PORT), created on first use."""
+    global _STORE, _STORE_KEY
+    import torch.distributed as dist
+    key = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]))
+    if _STORE is None or _STORE_KEY != key:
+        rank = int(os.environ["RANK"])
+        _STORE = dist.TCPStore(key[0], key[1], key[2], is_master=(rank == 0), timeout=timedelta(seconds=60),
+                               wait_for_workers=False)
+        _STORE_KEY = key
+    return _STORE
+
+
+def _next_prefix(kind: str) -> str:
+    # Every rank creates groups in the same order (lockstep), so counters agree across ranks.
+    global _GROUP_SEQ
+    _GROUP_SEQ += 1
+    return f"conformance/{kind}/{_GROUP_SEQ}"
+
+
+@dataclass
+class WorkerContext:
+    """What a worker-side check function receives."""
+
+    spec: WorkerSpec
+    acc: Any                        # hal.Accelerator bound for this spec
+    rank: int
+    world_size: int
+    _ccl: Any = field(default=None, repr=False)
+    _control: Any = field(default=None, repr=False)
+
+    @property
+    def device(self):
+        return self.acc.device
+
+    def new_group(self, timeout_s: Optional[float] = None) -> Any:
+        """A fresh CCL group of the bound chip (its own store prefix), e.g. with a short timeout."""
+        import torch.distributed as dist
+        prefix = _next_prefix("ccl")
+        timeout = timedelta(seconds=timeout_s if timeout_s is not None else self.spec.group_timeout_s)
+        return self.acc.new_process_group(dist.PrefixStore(prefix, _store()), self.rank, self.world_size,
+                                          timeout)
+
+    def ccl(self) -> Any:
+        """The chip's CCL group for ordinary checks (built on first use, rebuilt after failures)."""
+        if self._ccl is None:
+            self._ccl = self.new_group()
+        return self._ccl
+
+    def drop_ccl(self) -> None:
+        self._ccl = None
+
+    def control(self) -> Any:
+        """A gloo group on the host that the suite trusts, for agreement between ranks."""
+        if self._control is None:
+            import torch.distributed as dist
+            self._control = dist.ProcessGroupGloo(dist.PrefixStore(_next_prefix("control"), _store()),
+                                                  self.rank, self.world_size,
+                                                  timedelta(seconds=self.spec.group_timeout_s + 60))
+        return self._control
+
+    def agree_max(self, values: list[float]) -> list[float]:
+        """Element-wise max of `values` over ranks (on the control group)."""
+        import torch
+        import torch.distributed as dist
+        t = torch.tensor(values, dtype=torch.float64)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        self.control().allreduce([t], opts).wait()
+        return t.tolist()
+
+    def gather_objects(self, obj: Any) -> list:
+        """Every rank's `obj` (small, picklable), in rank order, over the control group's store."""
+        import pickle
+        store = _store()
+        key = _next_prefix("obj")
+        store.set(f"{key}/{self.rank}", pickle.dumps(obj))
+        return [pickle.loads(store.get(f"{key}/{r}")) for r in range(self.world_size)]
+
+
+def _bind(spec: WorkerSpec) -> WorkerContext:
+    import hal
+    from hal.plugin_manager import PluginManager, set_plugin_manager
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    hal.reset()
+    pm = PluginManager()
+    pm.load_entry_points(env={"HAL_PLUGINS": ",".join(spec.plugins)})
+    set_plugin_manager(pm)
+    acc = hal.bind(spec.chip_for(rank), emulated=spec.emulated, pm=pm)
+    if acc.device.type == "cpu":
+        # Ranks share the host's cores: one torch thread pool per rank over all cores would
+        # oversubscribe them (the spinning threads slow everything on a shared CI machine).
+        import torch
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(world, 1)))
+    return WorkerContext(spec=spec, acc=acc, rank=rank, world_size=world)
+
+
+def context(spec: WorkerSpec) -> WorkerContext:
+    """The bound context for `spec` (rebinding when the spec changed since the last check)."""
+    global _STATE
+    if _STATE is None or _STATE.spec != spec:
+        old = _STATE
+        _STATE = None
+        ctx = _bind(spec)
+        if old is not None:
+            ctx._control = old._control  # the control group does not depend on the chip
+        _STATE = ctx
+    return _STATE
+
+
+def run_check(spec: WorkerSpec, where: str, fn: Callable, params: tuple) -> dict:
+    """Run one check on this rank; returns {"status", "message", "data", "seconds"}.
+
+    For multi-rank checks ("all") every rank reports whether it passed to the others; after any
+    failure the CCL group is rebuilt on every rank (a failed collective can leave it unusable)."""
+    t0 = time.perf_counter()
+    try:
+        ctx = context(spec)
+    except Exception as exc:
+        return {"status": "failed", "message": f"could not bind chip {spec.chip_for(int(os.environ.get('RANK', 0)))!r}"
+                f" (plugins {list(spec.plugins)}, emulated={spec.emulated}): {type(exc).__name__}: {exc}",
+                "data": None, "seconds": time.perf_counter() - t0}
+    status, message, data = run_check_fn(fn, ctx, params)
+    if where == "all" and ctx.world_size > 1:
+        worst = ctx.agree_max([1.0 if status == "failed" else 0.0])[0]
+        if worst > 0:
+            ctx.drop_ccl()
+    return {"status": status, "message": message, "data": data, "seconds": time.perf_counter() - t0}
