@@ -35,6 +35,9 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
           "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32,
           "int64": torch.int64}
 _SPLITS = ("all_gather", "reduce_scatter", "all_to_all")  # ops whose count splits over the ranks
+# torch 2.13 renamed the single-tensor variants (the old names warn); older torch has only the old ones
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class BenchError(HalError, ValueError):
@@ -160,9 +163,9 @@ class OpCase:
         if self.op == "all_reduce":
             dist.all_reduce(self.inp, group=g)
         elif self.op == "all_gather":
-            dist.all_gather_into_tensor(self.out, self.inp, group=g)
+            _all_gather_single(self.out, self.inp, group=g)
         elif self.op == "reduce_scatter":
-            dist.reduce_scatter_tensor(self.out, self.inp, group=g)
+            _reduce_scatter_single(self.out, self.inp, group=g)
         elif self.op == "all_to_all":
             dist.all_to_all_single(self.out, self.inp, group=g)
         else:
@@ -245,21 +248,49 @@ def make_group(backend: str, chips: list[tuple[str, bool]], timeout: timedelta) 
                               everyone, {"world": everyone})
     if backend != "vendor":
         raise BenchError(f"--backend {backend!r}: expected one of {BACKENDS}")
+    return vendor_groups(chips, timeout)
+
+
+def sub_clusters(chips: list[tuple[str, bool]]) -> dict[str, list[int]]:
+    """label -> global ranks of each sub-cluster (same chip and emulated flag), by lowest rank."""
+    kinds: dict[tuple, list[int]] = {}
+    for r, key in enumerate(chips):
+        kinds.setdefault(tuple(key), []).append(r)
+    return {f"{chip} x{len(m)}" + (" (emulated)" if emu else ""): m for (chip, emu), m in kinds.items()}
+
+
+def _groups(labelled: dict[str, list[int]], backend: str, timeout: timedelta) -> GroupUnderTest:
+    """One group per entry; every rank creates every group, in the same order; returns this rank's."""
+    mine = None
+    for label, members in labelled.items():
+        g = dist.new_group(members, timeout=timeout, backend=backend)
+        if dist.get_rank() in members:
+            mine = GroupUnderTest(g, label, members, labelled)
+    if mine is None:
+        raise BenchError(f"rank {dist.get_rank()} is in none of the groups {labelled}")
+    return mine
+
+
+def vendor_groups(chips: list[tuple[str, bool]], timeout: timedelta) -> GroupUnderTest:
+    """Each chip's own CCL (hal.accelerator().new_process_group). A vendor CCL cannot span chips, so
+    on a mixed cluster every sub-cluster gets its own group and they are measured concurrently."""
     import hal
     _register("hal_vendor", _vendor_creator, [hal.accelerator().device.type])
-    kinds: dict[str, list[int]] = {}
-    for r, (chip, emulated) in enumerate(chips):
-        kinds.setdefault(f"{chip} x{{n}}" + (" (emulated)" if emulated else ""), []).append(r)
-    labelled = {label.format(n=len(m)): m for label, m in kinds.items()}
-    mine = None
-    for label, members in labelled.items():  # every rank creates every group, in the same order
-        g = dist.new_group(members, timeout=timeout, backend="hal_vendor")
-        if dist.get_rank() in members:
-            mine = GroupUnderTest(g, label if len(labelled) > 1 else "world", members, labelled)
-    assert mine is not None
+    labelled = sub_clusters(chips)
+    gut = _groups(labelled, "hal_vendor", timeout)
     if len(labelled) == 1:
-        mine.all_groups = {"world": mine.members}
-    return mine
+        gut.label, gut.all_groups = "world", {"world": gut.members}
+    return gut
+
+
+def rail_groups(chips: list[tuple[str, bool]], timeout: timedelta) -> Optional[GroupUnderTest]:
+    """Gloo groups of the ranks with the same index in their sub-clusters (the bridge's rails), or
+    None when the sub-clusters differ in size (uneven rails: not modelled here)."""
+    subs = list(sub_clusters(chips).values())
+    if len({len(m) for m in subs}) != 1:
+        return None
+    rails = {f"rail {i}": [m[i] for m in subs] for i in range(len(subs[0]))}
+    return _groups(rails, "gloo", timeout)
 
 
 # ---- the measurement -------------------------------------------------------------------------------
@@ -348,3 +379,45 @@ def summary(rows: list[Row]) -> dict:
     bus = [r.busbw_GBps for r in rows]
     return {"wrong_total": sum(r.wrong for r in rows),
             "avg_busbw_GBps": sum(bus) / len(bus) if bus else math.nan}
+
+
+# ---- the bridge's own model: its stages timed one by one -------------------------------------------
+
+@dataclass
+class StageTimes:
+    """all_reduce of `size_bytes` on the rail algorithm, stage by stage (us, slowest group per stage)."""
+
+    size_bytes: int
+    intra_reduce_scatter_us: float
+    rail_all_reduce_us: float
+    intra_all_gather_us: float
+    sum_us: float      # the stages back to back: no pipelining
+    max_us: float      # the slowest stage alone: perfect chunk pipelining
+    measured_us: Optional[float] = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def stage_model(sizes: list[int], dtype_name: str, chips: list[tuple[str, bool]], timeout: timedelta,
+                iters: int, warmup: int, repeats: int, device: torch.device) -> Optional[list[StageTimes]]:
+    """Time the rail all_reduce's stages separately on groups shaped like the bridge's: intra
+    reduce-scatter of S on every sub-cluster's vendor group at once, all_reduce of S/n on every rail
+    at once, intra all_gather of S. Emulated chips keep tensors in host memory, so there is no
+    device<->host copy to time. Returns None for uneven sub-clusters (every rank gets the same)."""
+    rails = rail_groups(chips, timeout)
+    if rails is None:
+        return None
+    intra = vendor_groups(chips, timeout)
+    n = len(intra.members)
+    out = []
+    for size in sizes:
+        per = {}
+        for key, op, gut, nbytes in (("rs", "reduce_scatter", intra, size), ("ar", "all_reduce", rails, size // n),
+                                     ("ag", "all_gather", intra, size)):
+            rows = measure(op, [max(1, nbytes)], dtype_name, gut, iters=iters, warmup=warmup,
+                           repeats=repeats, device=device, check=False)
+            per[key] = max(r.time_us for r in rows)
+        out.append(StageTimes(size, per["rs"], per["ar"], per["ag"], per["rs"] + per["ar"] + per["ag"],
+                              max(per.values())))
+    return out

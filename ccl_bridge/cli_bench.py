@@ -11,6 +11,7 @@ examples:
   hal bench comm --op all_gather --min-bytes 1M --max-bytes 64M --step-factor 4
   hal bench comm --backend vendor --emulate cuda:4    # the chip's own CCL (emulated: the CPU fabric)
   hal bench comm --dtype bfloat16 --iters 20 --repeats 7 --json allreduce.json
+  hal bench comm --stages --max-bytes 64M            # hetero vs its own stage model
   torchrun --nnodes 2 --nproc-per-node 8 ... -m ccl_bridge.cli_bench comm --backend hetero   # real nodes
 """
 from __future__ import annotations
@@ -53,6 +54,10 @@ def add_comm_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--repeats", "-r", type=int, default=5,
                    help="timed repeats per size; the table shows their median (default 5)")
     c.add_argument("--no-check", action="store_true", help="skip the correctness check (#wrong = 0)")
+    c.add_argument("--stages", action="store_true",
+                   help="also time the bridge's all_reduce stages one by one (intra reduce-scatter, rail "
+                        "all_reduce, intra all_gather) and compare hetero with that model "
+                        "(needs --backend hetero --op all_reduce and equal sub-clusters)")
     c.add_argument("--nproc", type=int, default=None,
                    help="ranks to launch on this machine when not under torchrun (default: the count in "
                         "--emulate, else 4)")
@@ -76,6 +81,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
            "--timeout", str(args.timeout)]
     if args.no_check:
         out.append("--no-check")
+    if args.stages:
+        out.append("--stages")
     if args.json:
         out += ["--json", os.path.abspath(args.json)]
     return out
@@ -121,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "bench", None) != "comm":
         print("usage: hal bench comm [options]  (see `hal bench comm --help`)", file=sys.stderr)
         return 2
+    if args.stages and (args.backend != "hetero" or args.op != "all_reduce"):
+        from .bench import BenchError
+        raise BenchError(f"--stages models the bridge's all_reduce: it needs --backend hetero --op all_reduce, "
+                         f"got --backend {args.backend} --op {args.op}")
     if not _under_torchrun():
         return launch(args)
     return worker(args)
@@ -133,7 +144,8 @@ def worker(args: argparse.Namespace) -> int:
 
     import hal
 
-    from .bench import bus_factor, format_row, HEADER, human_bytes, make_group, measure, parse_size, size_ladder, summary
+    from .bench import (HEADER, bus_factor, format_row, human_bytes, make_group, measure, parse_size,
+                        size_ladder, stage_model, summary)
 
     timeout = datetime.timedelta(seconds=args.timeout)
     sizes = size_ladder(parse_size(args.min_bytes), parse_size(args.max_bytes), args.step_factor)
@@ -158,12 +170,17 @@ def worker(args: argparse.Namespace) -> int:
         rows = measure(args.op, sizes, args.dtype, gut, iters=args.iters, warmup=args.warmup,
                        repeats=args.repeats, device=device, check=not args.no_check, on_row=on_row)
         s = summary(rows)
+        stages = None
+        if args.stages:
+            stages = stage_model(sizes, args.dtype, chips, timeout, args.iters, args.warmup, args.repeats, device)
+            if rank == 0:
+                _print_stages(stages, rows)
         if rank == 0:
             print(f"# Out of bounds values : {s['wrong_total']} {'OK' if s['wrong_total'] == 0 else 'FAILED'}")
             print(f"# Avg bus bandwidth    : {s['avg_busbw_GBps']:.3f} GB/s")
             if args.json:
                 with open(args.json, "w") as f:
-                    json.dump(_report(args, chips, gut, rows, s), f, indent=2)
+                    json.dump(_report(args, chips, gut, rows, s, stages), f, indent=2)
                 print(f"# wrote {args.json}")
         dist.barrier()
         return 0 if s["wrong_total"] == 0 else 1
@@ -194,7 +211,23 @@ def _print_preamble(args, chips, gut, sizes, human_bytes, bus_factor) -> None:
           f"busbw factor {bus_factor(args.op, n):.3f} for n={n}; torch {torch.__version__}")
 
 
-def _report(args, chips, gut, rows, s) -> dict:
+def _print_stages(stages, rows) -> None:
+    if stages is None:
+        print("# stage model: sub-clusters of different sizes have uneven rails; not modelled")
+        return
+    print("# the bridge against its own model: all_reduce stages timed one by one on groups shaped like its "
+          "own (every sub-cluster's vendor group / every rail at once; median of repeats, slowest group)")
+    print("# sum = stages back to back (no overlap); max = the slowest stage alone (perfect chunk pipelining)")
+    print("#{:>12} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>8} {:>8}".format(
+        "size", "intraRS(us)", "railAR(us)", "intraAG(us)", "sum(us)", "max(us)", "hetero(us)", "het/sum", "het/max"))
+    for st, row in zip(stages, rows):
+        st.measured_us = row.time_us
+        print(" {:>12} {:>11.1f} {:>11.1f} {:>11.1f} {:>11.1f} {:>11.1f} {:>11.1f} {:>8.2f} {:>8.2f}".format(
+            st.size_bytes, st.intra_reduce_scatter_us, st.rail_all_reduce_us, st.intra_all_gather_us, st.sum_us,
+            st.max_us, row.time_us, row.time_us / st.sum_us, row.time_us / st.max_us), flush=True)
+
+
+def _report(args, chips, gut, rows, s, stages=None) -> dict:
     import torch
     return {"tool": "hal bench comm", "op": args.op, "backend": args.backend, "dtype": args.dtype,
             "world_size": len(chips), "chips": [{"rank": r, "chip": c, "emulated": e}
@@ -203,7 +236,8 @@ def _report(args, chips, gut, rows, s) -> dict:
             "iters": args.iters, "warmup": args.warmup, "repeats": args.repeats,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "host": socket.gethostname(), "cpu_count": os.cpu_count(),
-            "rows": [r.as_dict() for r in rows], "summary": s}
+            "rows": [r.as_dict() for r in rows], "summary": s,
+            "stages": [st.as_dict() for st in stages] if stages else None}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

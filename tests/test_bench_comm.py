@@ -43,13 +43,6 @@ def test_check_counts_exactly_the_corrupted_elements(op, dtype):
     assert case.wrong() == 3
 
 
-def _hetero_ready() -> bool:  # TEMPORARY while ccl_bridge's backend and the plugins are being written
-    import importlib.util
-    return (importlib.util.find_spec("ccl_bridge.backend") is not None
-            and importlib.util.find_spec("hal_ascend") is not None)
-
-
-@pytest.mark.skipif(not _hetero_ready(), reason="TEMPORARY: hetero backend / hal_ascend not written yet")
 def test_cli_end_to_end(tmp_path):
     out = tmp_path / "rows.json"
     cmd = [sys.executable, "-m", "hal.cli", "bench", "comm", "--backend", BACKEND, "--emulate", EMULATE,

@@ -15,8 +15,8 @@ from hal.testing import WorkerPool
 
 from . import _strategy_cases as cases
 
-BACKEND = "gloo"  # TODO: hetero once ccl_bridge registers it
-EMULATE = "cpu"  # TODO: cuda:2,ascend:2 once the plugins exist
+BACKEND = "hetero"
+EMULATE = "cuda:2,ascend:2"
 TOL = 1e-5
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 def pool():
     with WorkerPool(4, env={"HAL_EMULATE": EMULATE}) as p:
         info = p.run(cases.init, BACKEND, timeout=120)
-        pass  # TODO chips
+        assert [i["chip"] for i in info] == ["cuda", "cuda", "ascend", "ascend"], info
         assert all(i["emulated"] for i in info) and {i["backend"] for i in info} == {BACKEND}, info
         yield p
 
