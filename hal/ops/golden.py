@@ -108,9 +108,11 @@ def _linear_cases(d, s):
     k = 37
     w_scale = 1 / math.sqrt(k)
     return [
-        _case("linear", "bias", d, s, lambda g, dev: ((_randn(g, (3, 5, k), d, dev), _randn(g, (19, k), d, dev, w_scale),
+        _case("linear", "bias", d, s, lambda g, dev: ((_randn(g, (3, 5, k), d, dev),
+                                                        _randn(g, (19, k), d, dev, w_scale),
                                                         _randn(g, (19,), d, dev)), {})),
-        _case("linear", "no_bias", d, s, lambda g, dev: ((_randn(g, (7, k), d, dev), _randn(g, (11, k), d, dev, w_scale)), {})),
+        _case("linear", "no_bias", d, s, lambda g, dev: ((_randn(g, (7, k), d, dev),
+                                                           _randn(g, (11, k), d, dev, w_scale)), {})),
         _case("linear", "noncontig", d, s, lambda g, dev: ((_transposed(g, (2, 6, k), d, dev),
                                                              _transposed(g, (19, k), d, dev, w_scale),
                                                              _strided(g, (19,), d, dev)), {})),
@@ -119,7 +121,8 @@ def _linear_cases(d, s):
 
 def _matmul_cases(d, s):
     return [
-        _case("matmul", "2d", d, s, lambda g, dev: ((_randn(g, (13, 37), d, dev), _randn(g, (37, 11), d, dev, 37 ** -0.5)), {})),
+        _case("matmul", "2d", d, s, lambda g, dev: ((_randn(g, (13, 37), d, dev),
+                                                     _randn(g, (37, 11), d, dev, 37 ** -0.5)), {})),
         _case("matmul", "broadcast", d, s, lambda g, dev: ((_randn(g, (2, 3, 7, 16), d, dev),
                                                             _randn(g, (16, 5), d, dev, 0.25)), {})),
         _case("matmul", "noncontig", d, s, lambda g, dev: ((_transposed(g, (3, 9, 33), d, dev),
@@ -144,7 +147,8 @@ def _layer_norm_cases(d, s):
         _case("layer_norm", "affine", d, s, lambda g, dev: ((_randn(g, (4, 7, 37), d, dev, 1.0, 3.0),
                                                              _randn(g, (37,), d, dev, 0.1, 1.0),
                                                              _randn(g, (37,), d, dev, 0.1)), {})),
-        _case("layer_norm", "no_affine", d, s, lambda g, dev: ((_randn(g, (9, 64), d, dev), None, None), {"eps": 1e-3})),
+        _case("layer_norm", "no_affine", d, s,
+              lambda g, dev: ((_randn(g, (9, 64), d, dev), None, None), {"eps": 1e-3})),
         _case("layer_norm", "noncontig", d, s, lambda g, dev: ((_strided(g, (6, 37), d, dev),
                                                                 _strided(g, (37,), d, dev, 0.1, 1.0),
                                                                 _strided(g, (37,), d, dev, 0.1)), {})),
@@ -385,7 +389,8 @@ def compare(outs: Sequence[Any], golds: Sequence[torch.Tensor], dtype: torch.dty
         bad = ~torch.isfinite(o) & torch.isfinite(gold)
         if bad.any():
             idx = tuple(int(j) for j in bad.nonzero()[0])
-            return math.inf, math.inf, f"{where}non-finite value {o[idx].item()} at {idx} where the golden is {gold[idx].item():.6g}"
+            return math.inf, math.inf, (f"{where}non-finite value {o[idx].item()} at {idx} where the golden "
+                                        f"is {gold[idx].item():.6g}")
         err = (o - gold).abs().nan_to_num(0.0)  # both non-finite and equal: no error
         err = torch.where(o == gold, torch.zeros_like(err), err)
         allowed = atol + rtol * gold.abs()
