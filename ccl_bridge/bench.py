@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from hal.errors import HalError
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 BACKENDS = ("gloo", "hetero", "shm", "vendor")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32,
@@ -132,7 +132,7 @@ class OpCase:
         self.device = device
         chunk = count // n if op in _SPLITS else count
         self.chunk = chunk
-        if op == "all_reduce" or op == "broadcast":
+        if op in ("all_reduce", "broadcast", "reduce"):
             self.inp = torch.empty(count, dtype=dtype, device=device)
             self.out = self.inp
         elif op == "all_gather":
@@ -168,13 +168,15 @@ class OpCase:
             _reduce_scatter_single(self.out, self.inp, group=g)
         elif self.op == "all_to_all":
             dist.all_to_all_single(self.out, self.inp, group=g)
+        elif self.op == "reduce":
+            dist.reduce(self.inp, dst=dist.get_global_rank(g, 0), group=g)
         else:
             dist.broadcast(self.inp, src=dist.get_global_rank(g, 0), group=g)
 
     def expected(self) -> torch.Tensor:
         """The exact result on this rank, in float64."""
         r, n, c, d = self.rank, self.n, self.chunk, torch.float64
-        if self.op == "all_reduce":
+        if self.op in ("all_reduce", "reduce"):  # reduce: the root's buffer (others' are unspecified)
             return sum(_pattern(self.count, k, d) for k in range(n))
         if self.op == "all_gather":
             return torch.cat([_pattern(c, k, d) for k in range(n)])
@@ -186,6 +188,8 @@ class OpCase:
         return _pattern(self.count, 1, d)
 
     def wrong(self) -> int:
+        if self.op == "reduce" and self.rank != 0:
+            return 0
         got = self.out.to("cpu", torch.float64)
         want = self.expected()
         if self.dtype.is_floating_point and torch.finfo(self.dtype).bits == 16:
@@ -301,8 +305,11 @@ def _barrier() -> None:
 
 def measure(op: str, sizes: list[int], dtype_name: str, gut: GroupUnderTest, iters: int = 8,
             warmup: int = 2, repeats: int = 5, device: Optional[torch.device] = None,
-            check: bool = True, on_row: Optional[Callable[[list], None]] = None) -> list[Row]:
-    """Measure `op` at every size on the group under test; every rank calls this and gets all rows."""
+            check: bool = True, on_row: Optional[Callable[[list], None]] = None,
+            idle: bool = False) -> list[Row]:
+    """Measure `op` at every size on the group under test; every rank calls this and gets all rows.
+    An `idle` rank takes part in the barriers and the gathering of results but runs no operation
+    (its group's row is then meaningless: the stage model uses it for ranks off the leader rail)."""
     if dtype_name not in DTYPES:
         raise BenchError(f"--dtype {dtype_name!r}: expected one of {sorted(DTYPES)}")
     for name, value in (("--iters", iters), ("--repeats", repeats)):
@@ -319,17 +326,18 @@ def measure(op: str, sizes: list[int], dtype_name: str, gut: GroupUnderTest, ite
     for size in sizes:
         count = _count_for(op, size, dtype, n)
         case = OpCase(op, count, dtype, gut.group, rank_in, n, device)
+        run = (lambda: None) if idle else case.run
         for _ in range(warmup):
-            case.run()
+            run()
         times = []
         for _ in range(repeats):
             _barrier()
             t0 = time.perf_counter()
             for _ in range(iters):
-                case.run()
+                run()
             times.append((time.perf_counter() - t0) / iters)
         wrong = 0
-        if check:
+        if check and not idle:
             case.fill()
             case.run()
             wrong = case.wrong()
@@ -347,8 +355,8 @@ def measure(op: str, sizes: list[int], dtype_name: str, gut: GroupUnderTest, ite
             nbytes = c * torch.empty((), dtype=dtype).element_size()
             algbw = nbytes / t / 1e9
             per_group.append(Row(op=op, size_bytes=nbytes, count=c, dtype=dtype_name,
-                                 redop="sum" if op in ("all_reduce", "reduce_scatter") else "none",
-                                 root=0 if op == "broadcast" else -1, time_us=t * 1e6,
+                                 redop="sum" if op in ("all_reduce", "reduce_scatter", "reduce") else "none",
+                                 root=0 if op in ("broadcast", "reduce") else -1, time_us=t * 1e6,
                                  algbw_GBps=algbw, busbw_GBps=algbw * bus_factor(op, m),
                                  wrong=int(stacked[:, repeats].sum().item()),
                                  repeats_us=[x * 1e6 for x in slowest], group=label))
@@ -385,12 +393,17 @@ def summary(rows: list[Row]) -> dict:
 
 @dataclass
 class StageTimes:
-    """all_reduce of `size_bytes` on the rail algorithm, stage by stage (us, slowest group per stage)."""
+    """all_reduce of `size_bytes` as the bridge runs it, stage by stage (us, slowest group per stage).
+
+    path "rail": intra reduce-scatter of S, rail all_reduce of S/n, intra all_gather of S;
+    path "leader" (S <= the bridge's small_bytes): intra reduce of S to index 0, all_reduce of S on
+    the leader rail, intra broadcast of S."""
 
     size_bytes: int
-    intra_reduce_scatter_us: float
-    rail_all_reduce_us: float
-    intra_all_gather_us: float
+    path: str
+    intra_in_us: float
+    cross_us: float
+    intra_out_us: float
     sum_us: float      # the stages back to back: no pipelining
     max_us: float      # the slowest stage alone: perfect chunk pipelining
     measured_us: Optional[float] = None
@@ -401,23 +414,34 @@ class StageTimes:
 
 def stage_model(sizes: list[int], dtype_name: str, chips: list[tuple[str, bool]], timeout: timedelta,
                 iters: int, warmup: int, repeats: int, device: torch.device) -> Optional[list[StageTimes]]:
-    """Time the rail all_reduce's stages separately on groups shaped like the bridge's: intra
-    reduce-scatter of S on every sub-cluster's vendor group at once, all_reduce of S/n on every rail
-    at once, intra all_gather of S. Emulated chips keep tensors in host memory, so there is no
-    device<->host copy to time. Returns None for uneven sub-clusters (every rank gets the same)."""
+    """Time the bridge's all_reduce stages separately on groups shaped like its own (every
+    sub-cluster's vendor group at once, every rail at once), choosing the path by size as the bridge
+    does (`HAL_BRIDGE_SMALL_BYTES`). Emulated chips keep tensors in host memory, so there is no
+    device<->host copy to time. Returns None for sub-clusters of different sizes (every rank agrees)."""
+    from .config import BridgeConfig
+    small = BridgeConfig.from_env().small_bytes
     rails = rail_groups(chips, timeout)
     if rails is None:
         return None
     intra = vendor_groups(chips, timeout)
     n = len(intra.members)
+    on_leader_rail = rails.label == "rail 0"
+
+    def slowest(op, gut, nbytes, only=None, idle=False):
+        rows = measure(op, [max(1, nbytes)], dtype_name, gut, iters=iters, warmup=warmup, repeats=repeats,
+                       device=device, check=False, idle=idle)
+        return max(r.time_us for r in rows if only is None or r.group == only)
+
     out = []
     for size in sizes:
-        per = {}
-        for key, op, gut, nbytes in (("rs", "reduce_scatter", intra, size), ("ar", "all_reduce", rails, size // n),
-                                     ("ag", "all_gather", intra, size)):
-            rows = measure(op, [max(1, nbytes)], dtype_name, gut, iters=iters, warmup=warmup,
-                           repeats=repeats, device=device, check=False)
-            per[key] = max(r.time_us for r in rows)
-        out.append(StageTimes(size, per["rs"], per["ar"], per["ag"], per["rs"] + per["ar"] + per["ag"],
-                              max(per.values())))
+        if size <= small:
+            stages = (slowest("reduce", intra, size),
+                      slowest("all_reduce", rails, size, only="rail 0", idle=not on_leader_rail),
+                      slowest("broadcast", intra, size))
+            path = "leader"
+        else:
+            stages = (slowest("reduce_scatter", intra, size), slowest("all_reduce", rails, size // n),
+                      slowest("all_gather", intra, size))
+            path = "rail"
+        out.append(StageTimes(size, path, *stages, sum(stages), max(stages)))
     return out

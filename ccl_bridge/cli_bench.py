@@ -215,16 +215,19 @@ def _print_stages(stages, rows) -> None:
     if stages is None:
         print("# stage model: sub-clusters of different sizes have uneven rails; not modelled")
         return
-    print("# the bridge against its own model: all_reduce stages timed one by one on groups shaped like its "
-          "own (every sub-cluster's vendor group / every rail at once; median of repeats, slowest group)")
+    print("# the bridge against its own model: its all_reduce stages timed one by one on groups shaped like its "
+          "own (every sub-cluster's vendor group / every rail at once; median of repeats, slowest group).")
+    print("# path rail: intra reduce-scatter S | rail all_reduce S/n | intra all_gather S;  path leader (S <= "
+          "HAL_BRIDGE_SMALL_BYTES): intra reduce | leader-rail all_reduce | intra broadcast, each of S")
     print("# sum = stages back to back (no overlap); max = the slowest stage alone (perfect chunk pipelining)")
-    print("#{:>12} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>8} {:>8}".format(
-        "size", "intraRS(us)", "railAR(us)", "intraAG(us)", "sum(us)", "max(us)", "hetero(us)", "het/sum", "het/max"))
+    print("#{:>12} {:>7} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>8} {:>8}".format(
+        "size", "path", "intra(us)", "cross(us)", "intra(us)", "sum(us)", "max(us)", "hetero(us)", "het/sum",
+        "het/max"))
     for st, row in zip(stages, rows):
         st.measured_us = row.time_us
-        print(" {:>12} {:>11.1f} {:>11.1f} {:>11.1f} {:>11.1f} {:>11.1f} {:>11.1f} {:>8.2f} {:>8.2f}".format(
-            st.size_bytes, st.intra_reduce_scatter_us, st.rail_all_reduce_us, st.intra_all_gather_us, st.sum_us,
-            st.max_us, row.time_us, row.time_us / st.sum_us, row.time_us / st.max_us), flush=True)
+        print(" {:>12} {:>7} {:>11.1f} {:>11.1f} {:>11.1f} {:>11.1f} {:>11.1f} {:>11.1f} {:>8.2f} {:>8.2f}".format(
+            st.size_bytes, st.path, st.intra_in_us, st.cross_us, st.intra_out_us, st.sum_us, st.max_us,
+            row.time_us, row.time_us / st.sum_us, row.time_us / st.max_us), flush=True)
 
 
 def _report(args, chips, gut, rows, s, stages=None) -> dict:

@@ -32,11 +32,13 @@ def test_sizes():
         size_ladder(8192, 4096)
 
 
-@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"])
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_check_counts_exactly_the_corrupted_elements(op, dtype):
-    # rank 1 of 3, no process group needed: put the exact answer in place, then break 3 elements
-    case = OpCase(op, 3 * 40, dtype, group=None, rank=1, n=3, device=torch.device("cpu"))
+    # rank 1 of 3 (reduce: the root, rank 0), no process group needed: put the exact answer in place,
+    # then break 3 elements
+    rank = 0 if op == "reduce" else 1
+    case = OpCase(op, 3 * 40, dtype, group=None, rank=rank, n=3, device=torch.device("cpu"))
     case.out.copy_(case.expected().to(dtype))
     assert case.wrong() == 0
     case.out[[0, 5, -1]] += 1
