@@ -1,0 +1,44 @@
+"""Typed errors of the shared-memory fabric; each names the rank, op, sequence number and peer.
+
+The C++ extension raises these directly (its exception translator imports this module), so code
+can catch `ShmTimeoutError` or, more broadly, `HalError`.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import HalError, NotSupportedError
+
+
+class ShmError(HalError):
+    """Base of the shm fabric's errors. `rank`: the rank that raised; `op`: the collective or p2p op;
+    `seq`: its sequence number in the group; `peer`: the rank at fault, where one is known."""
+
+    def __init__(self, message: str, *, rank: Optional[int] = None, op: Optional[str] = None,
+                 seq: Optional[int] = None, peer: Optional[int] = None):
+        super().__init__(message)
+        self.rank, self.op, self.seq, self.peer = rank, op, seq, peer
+
+
+class ShmTimeoutError(ShmError, TimeoutError):
+    """A peer did not arrive (or a send/recv made no progress) within the group's timeout."""
+
+
+class ShmPeerDiedError(ShmError):
+    """A peer process exited or was killed while this rank waited for it."""
+
+
+class ShmMismatchError(ShmError, ValueError):
+    """Ranks called different collectives, or with different sizes, dtypes, ops, roots or splits."""
+
+
+class ShmAbortedError(ShmError):
+    """The group was aborted earlier (by this rank or a peer, for the reason in the message)."""
+
+
+class ShmSetupError(ShmError):
+    """The group could not be created: ranks on different hosts, segment not mappable, bad sizes."""
+
+
+class ShmUnsupportedError(ShmError, NotSupportedError):
+    """A dtype x reduce op the shm kernels do not implement (for example AVG on integers)."""

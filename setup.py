@@ -1,0 +1,22 @@
+"""Build of the C++ shared-memory fabric (hal.shm._shm); all other metadata lives in pyproject.toml.
+
+Plain pybind11 + C++17 operating on raw pointers, so the build needs no torch headers (pip builds in
+an isolated environment; depending on torch there would pull a multi-GB wheel). -O3 lets GCC
+vectorize the reduce loops; no -march=native, because the wheel must run on any x86-64 (the kernels
+are cloned for AVX2 at load time instead, see csrc/shm_reduce.cpp).
+"""
+from glob import glob
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+ext = Pybind11Extension(
+    "hal.shm._shm",
+    sources=sorted(glob("csrc/*.cpp")),
+    include_dirs=["csrc"],
+    cxx_std=17,
+    extra_compile_args=["-O3", "-fno-math-errno"],
+    libraries=["rt"],  # shm_open on glibc < 2.34
+)
+
+setup(ext_modules=[ext], cmdclass={"build_ext": build_ext})
