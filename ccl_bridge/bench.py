@@ -215,14 +215,6 @@ def _vendor_creator(store, rank, world_size, timeout):
     return hal.accelerator().new_process_group(store, rank, world_size, timeout)
 
 
-def _shm_creator(store, rank, world_size, timeout):
-    try:
-        from hal.shm_fabric import create_shm_process_group
-    except ImportError as exc:
-        raise BenchError(f"--backend shm: the shared-memory fabric is not available ({exc})") from exc
-    return create_shm_process_group(store, rank, world_size, timeout)
-
-
 @dataclass
 class GroupUnderTest:
     group: object          # this rank's group
@@ -247,8 +239,8 @@ def make_group(backend: str, chips: list[tuple[str, bool]], timeout: timedelta) 
         return GroupUnderTest(dist.new_group(everyone, timeout=timeout, backend="hetero"), "world",
                               everyone, {"world": everyone})
     if backend == "shm":
-        _register("hal_shm", _shm_creator, ["cpu"])
-        return GroupUnderTest(dist.new_group(everyone, timeout=timeout, backend="hal_shm"), "world",
+        import hal.shm  # noqa: F401 - registers the shared-memory fabric's backend "shm" (one host only)
+        return GroupUnderTest(dist.new_group(everyone, timeout=timeout, backend="shm"), "world",
                               everyone, {"world": everyone})
     if backend != "vendor":
         raise BenchError(f"--backend {backend!r}: expected one of {BACKENDS}")

@@ -12,6 +12,7 @@ examples:
   hal bench comm --backend vendor --emulate cuda:4    # the chip's own CCL (emulated: the CPU fabric)
   hal bench comm --dtype bfloat16 --iters 20 --repeats 7 --json allreduce.json
   hal bench comm --stages --max-bytes 64M            # hetero vs its own stage model
+  hal bench comm --baseline gloo --max-bytes 64M     # hetero and flat gloo in one job, with ratios
   torchrun --nnodes 2 --nproc-per-node 8 ... -m ccl_bridge.cli_bench comm --backend hetero   # real nodes
 """
 from __future__ import annotations
@@ -54,6 +55,9 @@ def add_comm_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--repeats", "-r", type=int, default=5,
                    help="timed repeats per size; the table shows their median (default 5)")
     c.add_argument("--no-check", action="store_true", help="skip the correctness check (#wrong = 0)")
+    c.add_argument("--baseline", default=None, choices=BACKENDS,
+                   help="also measure this backend in the same job, size by size, and print the time ratio "
+                        "baseline / --backend (e.g. --baseline gloo: how much faster hetero is than flat gloo)")
     c.add_argument("--stages", action="store_true",
                    help="also time the bridge's all_reduce stages one by one (intra reduce-scatter, rail "
                         "all_reduce, intra all_gather) and compare hetero with that model "
@@ -83,6 +87,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out.append("--no-check")
     if args.stages:
         out.append("--stages")
+    if args.baseline:
+        out += ["--baseline", args.baseline]
     if args.json:
         out += ["--json", os.path.abspath(args.json)]
     return out
@@ -166,10 +172,22 @@ def worker(args: argparse.Namespace) -> int:
                 for r in rows:
                     print(format_row(r, show_group), flush=True)
 
-        device = acc.device if args.backend in ("hetero", "vendor") else torch.device("cpu")
-        rows = measure(args.op, sizes, args.dtype, gut, iters=args.iters, warmup=args.warmup,
-                       repeats=args.repeats, device=device, check=not args.no_check, on_row=on_row)
+        def device_for(backend):
+            return acc.device if backend in ("hetero", "vendor") else torch.device("cpu")
+
+        opts = dict(iters=args.iters, warmup=args.warmup, repeats=args.repeats, check=not args.no_check)
+        base = make_group(args.baseline, chips, timeout) if args.baseline else None
+        rows, base_rows = [], []
+        for size in sizes:  # size by size, so the two backends see the same machine load
+            rows += measure(args.op, [size], args.dtype, gut, device=device_for(args.backend), on_row=on_row,
+                            **opts)
+            if base is not None:
+                base_rows += measure(args.op, [size], args.dtype, base, device=device_for(args.baseline), **opts)
+        device = device_for(args.backend)
         s = summary(rows)
+        s["wrong_total"] += sum(r.wrong for r in base_rows)
+        if base is not None and rank == 0:
+            _print_baseline(args, rows, base_rows)
         stages = None
         if args.stages:
             stages = stage_model(sizes, args.dtype, chips, timeout, args.iters, args.warmup, args.repeats, device)
@@ -180,7 +198,7 @@ def worker(args: argparse.Namespace) -> int:
             print(f"# Avg bus bandwidth    : {s['avg_busbw_GBps']:.3f} GB/s")
             if args.json:
                 with open(args.json, "w") as f:
-                    json.dump(_report(args, chips, gut, rows, s, stages), f, indent=2)
+                    json.dump(_report(args, chips, gut, rows, s, stages, base_rows), f, indent=2)
                 print(f"# wrote {args.json}")
         dist.barrier()
         return 0 if s["wrong_total"] == 0 else 1
@@ -202,7 +220,9 @@ def _print_preamble(args, chips, gut, sizes, human_bytes, bus_factor) -> None:
     emulated = any(e for _, e in chips)
     print(f"# hal bench comm: {args.op} on backend {args.backend}, {len(chips)} ranks: {_chips_text(chips)}")
     if emulated:
-        print("# EMULATED chips: every rank runs on this host's CPU; its vendor CCL is the CPU fabric")
+        from hal.emulation import cpu_ccl
+        print(f"# EMULATED chips: every rank runs on this host's CPU; its vendor CCL is the CPU fabric "
+              f"(HAL_CPU_CCL={cpu_ccl()}: auto = shared memory when a group is on one host, else gloo)")
     if len(gut.all_groups) > 1:
         print(f"# vendor CCL cannot span chips: one group per sub-cluster, measured concurrently: "
               f"{', '.join(f'{k} = ranks {v}' for k, v in gut.all_groups.items())}")
@@ -230,17 +250,33 @@ def _print_stages(stages, rows) -> None:
             row.time_us, row.time_us / st.sum_us, row.time_us / st.max_us), flush=True)
 
 
-def _report(args, chips, gut, rows, s, stages=None) -> dict:
+def _print_baseline(args, rows, base_rows) -> None:
+    by_size: dict = {}
+    for r in base_rows:  # vendor on a mixed cluster: one row per sub-cluster; the slowest counts
+        by_size[r.size_bytes] = max(by_size.get(r.size_bytes, 0.0), r.time_us)
+    print(f"# {args.baseline} measured in the same job, size by size; speedup = {args.baseline} time / "
+          f"{args.backend} time (> 1: {args.backend} is faster)")
+    print("#{:>12} {:>14} {:>14} {:>8} {:>7}".format("size", f"{args.backend}(us)", f"{args.baseline}(us)",
+                                                    "speedup", "#wrong"))
+    for r in rows:
+        b = by_size.get(r.size_bytes)
+        wrong = sum(x.wrong for x in base_rows if x.size_bytes == r.size_bytes)
+        print(" {:>12} {:>14.1f} {:>14.1f} {:>8.2f} {:>7}".format(r.size_bytes, r.time_us, b, b / r.time_us, wrong))
+
+
+def _report(args, chips, gut, rows, s, stages=None, base_rows=()) -> dict:
     import torch
     return {"tool": "hal bench comm", "op": args.op, "backend": args.backend, "dtype": args.dtype,
             "world_size": len(chips), "chips": [{"rank": r, "chip": c, "emulated": e}
                                                for r, (c, e) in enumerate(chips)],
             "emulated": any(e for _, e in chips), "groups": gut.all_groups,
+            "cpu_fabric": os.environ.get("HAL_CPU_CCL", "auto"),
             "iters": args.iters, "warmup": args.warmup, "repeats": args.repeats,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "host": socket.gethostname(), "cpu_count": os.cpu_count(),
             "rows": [r.as_dict() for r in rows], "summary": s,
-            "stages": [st.as_dict() for st in stages] if stages else None}
+            "stages": [st.as_dict() for st in stages] if stages else None,
+            "baseline": args.baseline, "baseline_rows": [r.as_dict() for r in base_rows]}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
