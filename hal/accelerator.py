@@ -137,8 +137,17 @@ class Accelerator:
     def _dilation(self, pm: PluginManager, env: dict) -> float:
         if (env.get("HAL_EMULATE_DILATION") or "0").strip() in ("", "0", "false", "no", "off"):
             return 1.0
-        emulate = env.get("HAL_EMULATE") or self.chip.name
-        peers = [pm.profile(c).peak("bfloat16") for c in chips_in_map(emulate)]
+        # Peers: the chips this job mixes, from HAL_EMULATE or else the cluster spec (with models).
+        emulate = (env.get("HAL_EMULATE") or "").strip()
+        cluster_path = (env.get("HAL_CLUSTER") or "").strip()
+        if emulate:
+            peers = [pm.profile(c).peak("bfloat16") for c in chips_in_map(emulate)]
+        elif cluster_path:
+            from .cluster import load_cluster_spec
+            spec = load_cluster_spec(cluster_path)
+            peers = [pm.profile(s.chip, s.model).peak("bfloat16") for s in spec.sub_clusters]
+        else:
+            peers = [self.profile.peak("bfloat16")]
         return dilation_for(self.profile.peak("bfloat16"), peers)
 
     def _select_kernels(self, pm: PluginManager) -> dict[str, OpKernel]:

@@ -203,6 +203,23 @@ def test_cluster_spec_is_used_after_hal_emulate(clean):
         hal.accelerator()
 
 
+def test_dilation_under_a_cluster_spec_uses_its_sub_clusters(clean):
+    # The peers of an emulated chip come from the cluster spec when HAL_EMULATE is unset, so the
+    # slower chip is slowed by the faster one's / its own bf16 peak and the faster one not at all.
+    pm = use(FakeChips(peaks={"cuda": 4e14, "ascend": 1e14}))
+    clean.setenv("HAL_CLUSTER", str(REPO / "examples" / "clusters" / "laptop-2x2.toml"))
+    clean.setenv("HAL_EMULATE_DILATION", "1")
+    clean.setenv("WORLD_SIZE", "4")
+    h100 = pm.profile("cuda", "H100").peak("bfloat16")
+    b2 = pm.profile("ascend", "910B2").peak("bfloat16")
+    assert (h100, b2) == (4e14, 1e14)
+    clean.setenv("RANK", "2")
+    assert hal.accelerator().runtime.dilation == pytest.approx(4.0)
+    hal.reset()
+    clean.setenv("RANK", "0")
+    assert hal.accelerator().runtime.dilation == 1.0
+
+
 def test_select_chip_takes_an_explicit_environment(clean):
     pm = use(FakeChips())
     env = {"HAL_EMULATE": "cuda:1,ascend:3", "RANK": "2", "WORLD_SIZE": "4"}
