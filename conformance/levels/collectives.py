@@ -74,7 +74,7 @@ def check_collective(ctx, collective: str, dtype: str, op) -> str:
             # its peers never enter).
             any_bad = ctx.agree_max([0.0 if ok else 1.0])[0] > 0
             if not ok:
-                raise CheckFailed(f"declared supported ({caps.source}); expected the golden result, "
+                raise CheckFailed(f"declared supported in the capability matrix; expected the golden result, "
                                   f"{case.describe()}: {detail}")
             if any_bad:
                 raise CheckFailed(f"declared supported; {case.describe()} failed on another rank")

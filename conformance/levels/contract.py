@@ -194,7 +194,7 @@ def check_op_kernels(ctx: LocalContext) -> str:
                 problems.append(f"{k.op}: kernel {k.describe()} has signature {sig}, which cannot take the "
                                 f"op's arguments {OP_SIGNATURES[k.op]}: {exc}")
     if problems:
-        raise CheckFailed("; ".join(problems))
+        raise CheckFailed("; ".join(dict.fromkeys(problems)))  # native and emulated lists may repeat
     if not seen:
         return "no op overrides (every op runs the HAL reference)"
     return f"{len(seen)} kernels with the ops' signatures: {', '.join(seen)}"
