@@ -36,7 +36,9 @@ from .topology import RankIdentity, Topology, build_topology
 
 BACKEND = "hetero"
 # Device types a hetero group may see tensors on: the host (emulated chips) and the vendors' types.
-BASE_DEVICES = ("cpu", "cuda", "npu", "xpu")
+# A vendor type torch does not know yet (npu before torch_npu renames PrivateUse1) is covered by
+# "privateuseone", which is the same device type once renamed.
+BASE_DEVICES = ("cpu", "cuda", "xpu", "privateuseone")
 
 
 def local_identity() -> RankIdentity:
@@ -110,14 +112,24 @@ def create(dist_opts, pg_options=None):
     return HeteroProcessGroup(build_fabric(store, rank, size, timeout, topo, config, global_ranks))
 
 
+def _valid(device_type: str) -> bool:
+    try:
+        torch.device(device_type)
+        return True
+    except RuntimeError:
+        return False
+
+
 def _known_device_types() -> set[str]:
+    """Device types torch accepts in this process (a pass-through group registers its backend for
+    each of them, and torch refuses a name it does not know)."""
     out = set(BASE_DEVICES)
     try:
         pm = hal.get_plugin_manager()
         out |= {spec.torch_device_type for spec, _ in pm.chips.values()}
     except Exception:  # a broken plugin is reported when the accelerator binds, not at import
         pass
-    return out
+    return {d for d in out if _valid(d)}
 
 
 def register() -> None:

@@ -2,22 +2,26 @@
 
 Every inner group the bridge uses -- a sub-cluster's vendor CCL, a rail's gloo group, the global gloo
 group -- is wrapped in a `Ccl`. For each (collective, dtype, reduce op) it picks a route once and
-caches it (no lookup beyond a dict hit per call):
+caches it (a dict hit per call afterwards):
 
 - `native`: the inner group does it;
-- `bytes`: a collective that only moves data runs on the tensor's bytes (uint8 view), for a dtype the
-  CCL lacks (int16, float8, ...);
+- `bits:<carrier>`: a collective that only moves data runs on the tensor's bits viewed as a dtype
+  the CCL moves (uint8 first; e.g. Kunlun's XCCL declares only float16/bfloat16/float32, so int64
+  travels as float32 pairs). Moving data copies bytes, so no value is changed (odd byte counts are
+  padded in a scratch copy);
 - `widen:<dtype>`: a reduction the CCL lacks in this dtype runs in a wider one and is narrowed back
   (integers: bit-exact, sums and products wrap the same way; bool: through uint8; 16-bit floats:
   float32 accumulation, more accurate than the CCL would have been);
-- `via_all_reduce` / `via_all_gather` / `via_broadcast` / `via_p2p`: a collective the CCL lacks is
-  built from one it has (e.g. HCCL has no gather; a reduce-scatter from an all-reduce and a slice);
-- `gather_reduce`: a reduce op the CCL lacks in every dtype is done by all-gathering the inputs and
-  reducing locally in rank order (identical on every rank).
+- `via_all_reduce` / `via_all_gather` / `via_p2p`: a collective the CCL lacks is built from one it
+  has (a reduce-scatter from an all-reduce and a slice, a broadcast from an all-gather, ...);
+- `gather_reduce`: a reduce op the CCL lacks in every dtype (Kunlun: MAX, MIN, PRODUCT, integers) is
+  done by all-gathering the inputs and reducing locally in rank order -- the same inputs in the same
+  order on every rank, so every rank gets the same bits.
 
 Nothing is silently wrong: when no route exists the call raises `hal.NotSupportedError` naming the
-chip, the collective, the dtype and the op. Calls return a `Handle`; `Handle.wait()` finishes the
-inner work (and any copy back), turning an inner failure into `StageFailure` naming this group.
+group, the chip, the collective, the dtype and the op. Calls return a `Handle`; `Handle.wait()`
+finishes the inner work and any copy back, turning an inner failure into `StageFailure` naming
+this group and step.
 """
 from __future__ import annotations
 
@@ -31,7 +35,10 @@ from torch._C import _distributed_c10d as c10d
 from hal.capabilities import CapabilityMatrix, dtype_name
 from hal.errors import NotSupportedError
 
-from .reduction import TORCH_OP, WIDER, byte_view, local_reduce
+from .reduction import TORCH_OP, WIDER, local_reduce
+
+CARRIERS = (torch.uint8, torch.int8, torch.float16, torch.bfloat16, torch.int16, torch.float32, torch.int32,
+            torch.int64, torch.float64)
 
 
 class StageFailure(Exception):
@@ -90,10 +97,31 @@ def _opts(cls, **kw):
     return o
 
 
+def _bits(t: torch.Tensor, carrier: torch.dtype, blocks: int = 1):
+    """View contiguous `t` (made of `blocks` equal blocks) as `carrier`, padding each block to a
+    whole number of carrier elements in a copy when needed. Returns (view, block_bytes, padded_buf)."""
+    raw = t.reshape(-1).view(torch.uint8) if t.dtype != torch.uint8 else t.reshape(-1)
+    cs = carrier.itemsize
+    nb = raw.numel() // blocks
+    if cs == 1:
+        return raw.view(carrier), nb, None
+    if nb % cs == 0 and raw.storage_offset() % cs == 0:
+        return raw.view(carrier), nb, None
+    pb = -(-nb // cs) * cs
+    buf = torch.zeros(blocks * pb, dtype=torch.uint8, device=t.device)
+    buf.view(blocks, pb)[:, :nb].copy_(raw.view(blocks, nb))
+    return buf.view(carrier), nb, buf
+
+
+def _unbits(t: torch.Tensor, buf: torch.Tensor, nb: int, blocks: int = 1) -> None:
+    raw = t.reshape(-1).view(torch.uint8) if t.dtype != torch.uint8 else t.reshape(-1)
+    raw.view(blocks, nb).copy_(buf.view(blocks, -1)[:, :nb])
+
+
 class Ccl:
     """`pg` (group ranks 0..size-1, this process is `rank`) with capabilities `caps`.
 
-    `label` names the group in errors ("intra cuda sub-cluster ranks [0, 1]"); `device` is where this
+    `label` names the group in errors ("cuda sub-cluster CCL (ranks [0, 1])"); `device` is where this
     group's tensors live (the chip's device for a vendor group, cpu for gloo)."""
 
     def __init__(self, pg, caps: CapabilityMatrix, label: str, rank: int, size: int,
@@ -122,29 +150,31 @@ class Ccl:
     def _has(self, coll: str, dtype: torch.dtype, op: Optional[str] = None) -> bool:
         return self.caps.supports(coll, dtype_name(dtype), op)
 
+    def _carrier(self, coll: str) -> Optional[torch.dtype]:
+        return next((d for d in CARRIERS if self._has(coll, d)), None)
+
     def _choose(self, coll: str, dtype: torch.dtype, op: Optional[str]) -> str:
         if self._has(coll, dtype, op):
             return "native"
-        reducing = op is not None
-        if not reducing:
-            if coll != "barrier" and self._has(coll, torch.uint8):
-                return "bytes"
-            fallback = {"all_gather_into_tensor": ("broadcast", "via_broadcast"),
-                        "broadcast": ("all_gather_into_tensor", "via_all_gather"),
+        if op is None:
+            carrier = self._carrier(coll)
+            if carrier is not None:
+                return f"bits:{dtype_name(carrier)}"
+            fallback = {"broadcast": ("all_gather_into_tensor", "via_all_gather"),
+                        "all_gather_into_tensor": ("broadcast", "via_broadcast"),
                         "all_to_all_single": ("send_recv", "via_p2p"),
-                        "barrier": ("all_reduce", "via_all_reduce")}.get(coll)
-            if fallback and (self._has(fallback[0], torch.uint8) or self._has(fallback[0], torch.int64, "sum")
-                             or self._has(fallback[0], torch.uint8, "sum")):
+                        "gather": ("all_gather_into_tensor", "via_all_gather"),
+                        "scatter": ("broadcast", "via_broadcast")}.get(coll)
+            if fallback and self._carrier(fallback[0]) is not None:
                 return fallback[1]
             raise self._refuse(coll, dtype, op)
         for wide in WIDER.get(dtype, ()):
             if self._has(coll, wide, op):
                 return f"widen:{dtype_name(wide)}"
-        if coll in ("reduce", "reduce_scatter_tensor"):
-            if self._has("all_reduce", dtype, op) or any(self._has("all_reduce", w, op) for w in WIDER.get(dtype, ())):
-                return "via_all_reduce"
-        if coll in ("all_reduce", "reduce", "reduce_scatter_tensor") and \
-                (self._has("all_gather_into_tensor", dtype) or self._has("all_gather_into_tensor", torch.uint8)):
+        if coll in ("reduce", "reduce_scatter_tensor") and (
+                self._has("all_reduce", dtype, op) or any(self._has("all_reduce", w, op) for w in WIDER.get(dtype, ()))):
+            return "via_all_reduce"
+        if self._carrier("all_gather_into_tensor") is not None:
             return "gather_reduce"
         raise self._refuse(coll, dtype, op)
 
@@ -165,8 +195,7 @@ class Ccl:
         r = self.route("all_reduce", t.dtype, op)
         stage = self._stage(f"all_reduce {dtype_name(t.dtype)} {op}")
         if r == "native":
-            return Handle([self.pg.allreduce([t], _opts(c10d.AllreduceOptions, reduceOp=TORCH_OP[op]))],
-                          stage=stage)
+            return Handle([self.pg.allreduce([t], _opts(c10d.AllreduceOptions, reduceOp=TORCH_OP[op]))], stage=stage)
         if r.startswith("widen:"):
             wide = t.to(getattr(torch, r[6:]))
             w = self.pg.allreduce([wide], _opts(c10d.AllreduceOptions, reduceOp=TORCH_OP[op]))
@@ -174,31 +203,33 @@ class Ccl:
         return self._gather_reduce(t, t, op, stage)
 
     def _gather_reduce(self, out: torch.Tensor, inp: torch.Tensor, op: str, stage: str,
-                       chunk: Optional[int] = None) -> Handle:
+                       block: Optional[int] = None) -> Handle:
         stack = torch.empty((self.size, inp.numel()), dtype=inp.dtype, device=inp.device)
         h = self.all_gather_into_tensor(stack.view(-1), inp.reshape(-1))
 
         def finish():
             res = local_reduce(stack, op, inp.dtype)
-            if chunk is None:
+            if block is None:
                 out.view(-1).copy_(res)
             else:
-                out.view(-1).copy_(res[self.rank * chunk:(self.rank + 1) * chunk])
+                out.view(-1).copy_(res[self.rank * block:(self.rank + 1) * block])
         return Handle([h], finish, stage)
 
     @_guarded
     def reduce(self, t: torch.Tensor, root: int, op: str) -> Handle:
+        """Root gets the reduction; other ranks' `t` is unspecified afterwards (may hold it too)."""
         if self.size == 1:
             return DONE
         r = self.route("reduce", t.dtype, op)
+        stage = self._stage(f"reduce {dtype_name(t.dtype)} {op} to {root}")
+        o = dict(reduceOp=TORCH_OP[op], rootRank=root, rootTensor=0)
         if r == "native":
-            return Handle([self.pg.reduce([t], _opts(c10d.ReduceOptions, reduceOp=TORCH_OP[op], rootRank=root,
-                                                    rootTensor=0))], stage=self._stage("reduce"))
+            return Handle([self.pg.reduce([t], _opts(c10d.ReduceOptions, **o))], stage=stage)
         if r.startswith("widen:"):
             wide = t.to(getattr(torch, r[6:]))
-            w = self.pg.reduce([wide], _opts(c10d.ReduceOptions, reduceOp=TORCH_OP[op], rootRank=root, rootTensor=0))
-            return Handle([w], lambda: t.copy_(wide != 0 if t.dtype == torch.bool else wide), self._stage("reduce"))
-        return self.all_reduce(t, op)  # via_all_reduce / gather_reduce: every rank gets the result
+            w = self.pg.reduce([wide], _opts(c10d.ReduceOptions, **o))
+            return Handle([w], lambda: t.copy_(wide != 0 if t.dtype == torch.bool else wide), stage)
+        return self.all_reduce(t, op)
 
     @_guarded
     def reduce_scatter_tensor(self, out: torch.Tensor, inp: torch.Tensor, op: str) -> Handle:
@@ -208,19 +239,19 @@ class Ccl:
             return DONE
         r = self.route("reduce_scatter_tensor", inp.dtype, op)
         stage = self._stage(f"reduce_scatter {dtype_name(inp.dtype)} {op}")
+        opts = _opts(c10d.ReduceScatterOptions, reduceOp=TORCH_OP[op])
         if r == "native":
-            return Handle([self._rs(out, inp, _opts(c10d.ReduceScatterOptions, reduceOp=TORCH_OP[op]))], stage=stage)
+            return Handle([self._rs(out, inp, opts)], stage=stage)
         if r.startswith("widen:"):
             wd = getattr(torch, r[6:])
             wi, wo = inp.to(wd), torch.empty(out.shape, dtype=wd, device=out.device)
-            w = self._rs(wo, wi, _opts(c10d.ReduceScatterOptions, reduceOp=TORCH_OP[op]))
-            return Handle([w], lambda: out.copy_(wo != 0 if out.dtype == torch.bool else wo), stage)
+            return Handle([self._rs(wo, wi, opts)], lambda: out.copy_(wo != 0 if out.dtype == torch.bool else wo), stage)
         n = out.numel()
         if r == "via_all_reduce":
             tmp = inp.clone()
             h = self.all_reduce(tmp, op)
             return Handle([h], lambda: out.view(-1).copy_(tmp.view(-1)[self.rank * n:(self.rank + 1) * n]), stage)
-        return self._gather_reduce(out, inp, op, stage, chunk=n)
+        return self._gather_reduce(out, inp, op, stage, block=n)
 
     # ---- data movement ---------------------------------------------------------------------------
     @_guarded
@@ -232,10 +263,13 @@ class Ccl:
         stage = self._stage(f"all_gather {dtype_name(inp.dtype)}")
         if r == "native":
             return Handle([self._ag(out, inp, c10d.AllgatherOptions())], stage=stage)
-        if r == "bytes":
-            return Handle([self._ag(byte_view(out), byte_view(inp), c10d.AllgatherOptions())], stage=stage)
-        # via_broadcast: every rank broadcasts its block in turn.
-        n = inp.numel()
+        if r.startswith("bits:"):
+            carrier = getattr(torch, r[5:])
+            vi, nb, _ = _bits(inp, carrier)
+            vo, _, pad = _bits(out, carrier, blocks=self.size)
+            w = self._ag(vo, vi, c10d.AllgatherOptions())
+            return Handle([w], (lambda: _unbits(out, pad, nb, self.size)) if pad is not None else None, stage)
+        n = inp.numel()  # via_broadcast: every rank broadcasts its block in turn
         flat = out.view(-1)
         flat[self.rank * n:(self.rank + 1) * n].copy_(inp.view(-1))
         return Handle([self.broadcast(flat[i * n:(i + 1) * n], i) for i in range(self.size)], stage=stage)
@@ -246,12 +280,13 @@ class Ccl:
             return DONE
         r = self.route("broadcast", t.dtype)
         stage = self._stage(f"broadcast from {root}")
+        opts = _opts(c10d.BroadcastOptions, rootRank=root, rootTensor=0)
         if r == "native":
-            return Handle([self.pg.broadcast([t], _opts(c10d.BroadcastOptions, rootRank=root, rootTensor=0))],
-                          stage=stage)
-        if r == "bytes":
-            return Handle([self.pg.broadcast([byte_view(t)], _opts(c10d.BroadcastOptions, rootRank=root,
-                                                                   rootTensor=0))], stage=stage)
+            return Handle([self.pg.broadcast([t], opts)], stage=stage)
+        if r.startswith("bits:"):
+            v, nb, pad = _bits(t, getattr(torch, r[5:]))
+            w = self.pg.broadcast([v], opts)
+            return Handle([w], (lambda: _unbits(t, pad, nb)) if pad is not None else None, stage)
         stack = torch.empty((self.size, t.numel()), dtype=t.dtype, device=t.device)
         h = self.all_gather_into_tensor(stack.view(-1), t.reshape(-1))
         return Handle([h], lambda: t.view(-1).copy_(stack[root]), stage)
@@ -265,14 +300,20 @@ class Ccl:
             return DONE
         r = self.route("all_to_all_single", inp.dtype)
         stage = self._stage("all_to_all")
+        opts = c10d.AllToAllOptions()
         if r == "native":
-            return Handle([self._a2a(out, inp, list(out_splits), list(in_splits), c10d.AllToAllOptions())],
-                          stage=stage)
-        if r == "bytes":
-            e = inp.element_size()
-            return Handle([self._a2a(byte_view(out), byte_view(inp), [s * e for s in out_splits],
-                                     [s * e for s in in_splits], c10d.AllToAllOptions())], stage=stage)
-        works = []
+            return Handle([self._a2a(out, inp, list(out_splits), list(in_splits), opts)], stage=stage)
+        e = inp.element_size()
+        if r.startswith("bits:"):
+            carrier = getattr(torch, r[5:])
+            cs = carrier.itemsize
+            if all((s * e) % cs == 0 for s in list(out_splits) + list(in_splits)):
+                vi, _, _ = _bits(inp, carrier)
+                vo, _, _ = _bits(out, carrier)
+                if vi.data_ptr() == inp.data_ptr() and vo.data_ptr() == out.data_ptr():
+                    return Handle([self._a2a(vo, vi, [s * e // cs for s in out_splits],
+                                             [s * e // cs for s in in_splits], opts)], stage=stage)
+        works = []  # pairwise send/recv (each message padded to the carrier if needed)
         in_off = [sum(in_splits[:i]) for i in range(self.size)]
         out_off = [sum(out_splits[:i]) for i in range(self.size)]
         out[out_off[self.rank]:out_off[self.rank] + out_splits[self.rank]].copy_(
@@ -284,21 +325,25 @@ class Ccl:
                 works.append(self.recv(out[out_off[peer]:out_off[peer] + out_splits[peer]], peer, 0))
         return Handle(works, stage=stage)
 
+    def _p2p_view(self, t: torch.Tensor):
+        r = self.route("send_recv", t.dtype)
+        if r == "native":
+            return t, None, 0
+        if r.startswith("bits:"):
+            v, nb, pad = _bits(t, getattr(torch, r[5:]))
+            return v, pad, nb
+        raise self._refuse("send_recv", t.dtype, None)
+
     @_guarded
     def send(self, t: torch.Tensor, dst: int, tag: int) -> Handle:
-        r = self.route("send_recv", t.dtype)
-        if r not in ("native", "bytes"):
-            raise self._refuse("send_recv", t.dtype, None)
-        x = t if r == "native" else byte_view(t)
-        return Handle([self.pg.send([x], dst, tag)], stage=self._stage(f"send to {dst}"))
+        v, _, _ = self._p2p_view(t)
+        return Handle([self.pg.send([v], dst, tag)], stage=self._stage(f"send to {dst}"))
 
     @_guarded
     def recv(self, t: torch.Tensor, src: int, tag: int) -> Handle:
-        r = self.route("send_recv", t.dtype)
-        if r not in ("native", "bytes"):
-            raise self._refuse("send_recv", t.dtype, None)
-        x = t if r == "native" else byte_view(t)
-        return Handle([self.pg.recv([x], src, tag)], stage=self._stage(f"recv from {src}"))
+        v, pad, nb = self._p2p_view(t)
+        return Handle([self.pg.recv([v], src, tag)], (lambda: _unbits(t, pad, nb)) if pad is not None else None,
+                      stage=self._stage(f"recv from {src}"))
 
     @_guarded
     def gather(self, out: Optional[torch.Tensor], inp: torch.Tensor, root: int) -> Handle:
@@ -308,11 +353,17 @@ class Ccl:
             return DONE
         r = self.route("gather", inp.dtype)
         stage = self._stage(f"gather to {root}")
-        if r in ("native", "bytes"):
-            conv = (lambda x: x) if r == "native" else byte_view
-            n = inp.numel()
-            outs = [[conv(out.view(-1)[i * n:(i + 1) * n]) for i in range(self.size)]] if self.rank == root else []
-            return Handle([self.pg.gather(outs, [conv(inp)], _opts(c10d.GatherOptions, rootRank=root))], stage=stage)
+        opts = _opts(c10d.GatherOptions, rootRank=root)
+        if r == "native" or r.startswith("bits:"):
+            carrier = inp.dtype if r == "native" else getattr(torch, r[5:])
+            vi, nb, _ = _bits(inp, carrier) if r != "native" else (inp, 0, None)
+            outs, pad = [], None
+            if self.rank == root:
+                vo, _, pad = _bits(out, carrier, blocks=self.size) if r != "native" else (out.view(-1), 0, None)
+                m = vo.numel() // self.size
+                outs = [[vo[i * m:(i + 1) * m] for i in range(self.size)]]
+            w = self.pg.gather(outs, [vi], opts)
+            return Handle([w], (lambda: _unbits(out, pad, nb, self.size)) if pad is not None else None, stage)
         stack = torch.empty((self.size * inp.numel(),), dtype=inp.dtype, device=inp.device)
         h = self.all_gather_into_tensor(stack, inp)
         return Handle([h], (lambda: out.view(-1).copy_(stack)) if self.rank == root else None, stage)
@@ -326,19 +377,27 @@ class Ccl:
         r = self.route("scatter", out.dtype)
         stage = self._stage(f"scatter from {root}")
         n = out.numel()
-        if r in ("native", "bytes"):
-            conv = (lambda x: x) if r == "native" else byte_view
-            ins = [[conv(inp.view(-1)[i * n:(i + 1) * n]) for i in range(self.size)]] if self.rank == root else []
-            return Handle([self.pg.scatter([conv(out)], ins, _opts(c10d.ScatterOptions, rootRank=root))], stage=stage)
+        opts = _opts(c10d.ScatterOptions, rootRank=root)
+        if r == "native" or r.startswith("bits:"):
+            carrier = out.dtype if r == "native" else getattr(torch, r[5:])
+            vo, nb, pad = _bits(out, carrier) if r != "native" else (out.view(-1), 0, None)
+            ins = []
+            if self.rank == root:
+                vi, _, _ = _bits(inp, carrier, blocks=self.size) if r != "native" else (inp.view(-1), 0, None)
+                m = vi.numel() // self.size
+                ins = [[vi[i * m:(i + 1) * m] for i in range(self.size)]]
+            w = self.pg.scatter([vo], ins, opts)
+            return Handle([w], (lambda: _unbits(out, pad, nb)) if pad is not None else None, stage)
         full = inp.reshape(-1).clone() if self.rank == root else torch.empty(self.size * n, dtype=out.dtype,
                                                                               device=out.device)
         h = self.broadcast(full, root)
         return Handle([h], lambda: out.view(-1).copy_(full[self.rank * n:(self.rank + 1) * n]), stage)
 
+    @_guarded
     def barrier(self) -> Handle:
         if self.size == 1:
             return DONE
-        if self.caps.supports("barrier", "float32") or self.caps.supports("barrier", "uint8"):
+        if self._has("barrier", torch.float32) or self._has("barrier", torch.uint8):
             return Handle([self.pg.barrier(c10d.BarrierOptions())], stage=self._stage("barrier"))
-        t = torch.zeros(1, dtype=torch.int64, device=self.device)
+        t = torch.zeros(1, dtype=torch.float32, device=self.device)
         return self.all_reduce(t, "sum")

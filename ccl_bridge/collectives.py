@@ -25,6 +25,8 @@ from typing import Optional
 
 import torch
 
+from hal.errors import NotSupportedError
+
 from .ccl import Handle
 from .fabric import CPU, Fabric
 from .reduction import ReduceSpec
@@ -249,10 +251,11 @@ def p2p_route(fx: Fabric, peer: int, dtype: torch.dtype):
     topo = fx.topo
     if topo.cluster_of[peer] == fx.cluster:
         try:
-            if fx.intra.route("send_recv", dtype) in ("native", "bytes"):
-                return fx.intra, topo.index_in_cluster[peer]
-        except Exception:
-            pass
+            r = fx.intra.route("send_recv", dtype)
+        except NotSupportedError:
+            r = ""
+        if r == "native" or r.startswith("bits:"):
+            return fx.intra, topo.index_in_cluster[peer]
     return fx.glob, peer
 
 

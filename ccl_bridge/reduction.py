@@ -120,13 +120,3 @@ def local_reduce(stack: torch.Tensor, inner: str, out_dtype: torch.dtype) -> tor
     if out_dtype == torch.bool:
         return res != 0
     return res.to(out_dtype)
-
-
-def byte_view(t: torch.Tensor) -> torch.Tensor:
-    """The bytes of a contiguous tensor as a flat uint8 tensor (for collectives that only move data)."""
-    flat = t.reshape(-1)
-    if flat.dtype == torch.uint8:
-        return flat
-    if flat.dtype == torch.bool:
-        return flat.view(torch.uint8)
-    return flat.view(torch.uint8)

@@ -65,11 +65,14 @@ class BridgeWork(dist._Work):
 
     def _complete(self, error: Optional[BaseException] = None) -> None:
         self._error = error
-        self._event.set()
-        if error is None:
-            self._future.set_result(self._result)
-        else:
-            self._future.set_exception(error)
+        # The future first: a waiter woken by the event may read it at once (DDP chains on it).
+        try:
+            if error is None:
+                self._future.set_result(self._result)
+            else:
+                self._future.set_exception(error)
+        finally:
+            self._event.set()
 
     # ---- user side ----
     def _deadline(self) -> float:
