@@ -23,6 +23,7 @@ import hal
 import hal_cpu
 import hal_cuda
 import hal_kunlun
+from hal.ops import golden
 
 from . import stand_ins
 from .stand_ins import _stand_in_nccl as fake_nccl
@@ -147,3 +148,10 @@ def test_kunlun_kernels_only_when_native(pm):
     assert not [k for k in pm.op_kernels("kunlun", emulated=True) if k.plugin == "kunlun"]
     native = {k.op for k in pm.op_kernels("kunlun", emulated=False) if k.plugin == "kunlun"}
     assert "rms_norm" in native and "scaled_dot_product_attention" not in native
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=str)
+def test_kunlun_kernels_pass_the_golden_on_cpu_tensors(dtype):
+    failures = [r.describe() for k in hal_kunlun.kernels.op_kernels()
+                for r in golden.check_op(k.fn, k.op, dtype, k.name) if not r.ok]
+    assert not failures, "\n".join(failures)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.optim.adamw import adamw as _torch_adamw
 
 import hal
+from hal.ops import reference
 
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
@@ -43,11 +44,18 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
 
 @torch.no_grad()
 def adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay):
+    # The fused kernel does its math in float32 for 16-bit tensors, like the reference (torch's
+    # foreach path would compute in float16 and overflow). Strided views take the reference: torch
+    # 2.13's fused CPU kernel is wrong on them (found by tests/test_ops.py via hal_cpu) and the
+    # multi-tensor CUDA kernel is written for dense tensors.
     if step < 1:
         raise ValueError(f"adamw_step: step counts from 1, got {step}")
     params = list(params)
     if not params:
         return
+    if not all(t.is_contiguous() for ts in (params, grads, exp_avgs, exp_avg_sqs) for t in ts):
+        return reference.adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps,
+                                    weight_decay)
     # One counter per tensor (the fused kernel increments each before use, so the buffer holds
     # step - 1); views of one buffer keep it to a single allocation per call.
     counters = torch.full((len(params),), float(step - 1), dtype=torch.float32, device=params[0].device)
@@ -65,7 +73,7 @@ def layer_norm(x, weight, bias, eps=1e-5):
 
 
 def softmax(x, dim=-1):
-    return torch.softmax(x, dim, dtype=torch.float32).to(x.dtype)
+    return torch.softmax(x, dim, dtype=torch.promote_types(x.dtype, torch.float32)).to(x.dtype)
 
 
 def gelu(x, approximate="none"):
@@ -77,8 +85,12 @@ def silu(x):
 
 
 def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
-    return F.cross_entropy(logits.float(), target, ignore_index=ignore_index,
-                           reduction=reduction).to(logits.dtype)
+    acc = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if reduction != "mean":
+        return F.cross_entropy(acc, target, ignore_index=ignore_index, reduction=reduction).to(logits.dtype)
+    # torch's mean over zero kept targets is 0/0 = NaN; the HAL's (the reference's) is 0.
+    total = F.cross_entropy(acc, target, ignore_index=ignore_index, reduction="sum")
+    return (total / (target != ignore_index).sum().clamp(min=1)).to(logits.dtype)
 
 
 def embedding(ids, weight):

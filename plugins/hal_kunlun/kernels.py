@@ -22,7 +22,7 @@ def _layer_norm(x, weight, bias, eps=1e-5):
 
 
 def _softmax(x, dim=-1):
-    return torch.softmax(x, dim, dtype=torch.float32).to(x.dtype)
+    return torch.softmax(x, dim, dtype=torch.promote_types(x.dtype, torch.float32)).to(x.dtype)
 
 
 def _gelu(x, approximate="none"):
@@ -30,7 +30,12 @@ def _gelu(x, approximate="none"):
 
 
 def _cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
-    return F.cross_entropy(logits.float(), target, ignore_index=ignore_index, reduction=reduction).to(logits.dtype)
+    acc = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if reduction != "mean":
+        return F.cross_entropy(acc, target, ignore_index=ignore_index, reduction=reduction).to(logits.dtype)
+    # torch's mean over zero kept targets is 0/0 = NaN; the HAL's (the reference's) is 0.
+    total = F.cross_entropy(acc, target, ignore_index=ignore_index, reduction="sum")
+    return (total / (target != ignore_index).sum().clamp(min=1)).to(logits.dtype)
 
 
 def op_kernels(priority: int = 10) -> list[hal.OpKernel]:

@@ -118,6 +118,19 @@ def op_overrides() -> dict:
     return out
 
 
+def golden_failures(dtypes: list) -> dict:
+    """Every op the ascend plugin overrides, through hal.ops, on the HAL's golden cases."""
+    import hal
+    from hal.ops import golden
+    acc, state = _bind("Ascend910B2")
+    ops = sorted(op for op, k in acc.kernels.items() if k.plugin == "ascend")
+    failures = [r.describe() for op in ops for d in dtypes
+                for r in golden.check_op(getattr(hal.ops, op), op, getattr(torch, d), acc.kernels[op].name)
+                if not r.ok]
+    vendor_calls = sorted({c[0] for c in state.record.calls if c[0].startswith("npu_")})
+    return {"ops": ops, "failures": failures, "vendor_calls": vendor_calls}
+
+
 def family_kernels(device_name: str) -> dict:
     acc, _ = _bind(device_name)
     return {op: k.name for op, k in acc.kernels.items() if k.plugin == "ascend"}

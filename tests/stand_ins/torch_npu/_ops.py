@@ -78,13 +78,14 @@ def npu_rotary_mul(self: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, rotar
         raise RuntimeError("npu_rotary_mul: input, r1 and r2 must be 3-D or 4-D")
     if rotary_mode != "half":
         raise NotImplementedError(f"stand-in implements rotary_mode 'half' only, got {rotary_mode!r}")
-    x1, x2 = torch.chunk(self, 2, dim=-1)
-    return self * r1 + torch.cat((-x2, x1), dim=-1) * r2
+    x = self.float()  # 16-bit inputs computed in float32 and cast back (an assumption of the stand-in)
+    x1, x2 = torch.chunk(x, 2, dim=-1)
+    return (x * r1.float() + torch.cat((-x2, x1), dim=-1) * r2.float()).to(self.dtype)
 
 
 def npu_swiglu(self: torch.Tensor, dim: int = -1) -> torch.Tensor:
     STATE.record.record("npu_swiglu", self, dim=dim)
     if not self.is_contiguous():
         raise RuntimeError("npu_swiglu: non-contiguous input is not supported")
-    a, b = torch.chunk(self, 2, dim=dim)
-    return F.silu(a) * b
+    a, b = torch.chunk(self.float(), 2, dim=dim)
+    return (F.silu(a) * b).to(self.dtype)
