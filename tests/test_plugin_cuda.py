@@ -86,6 +86,8 @@ def test_other_cuda_builds_not_claimed(fake_nvidia, monkeypatch):
 
 def test_native_bind_device_by_local_rank(pm, fake_nvidia, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")  # applied by the CUDA runtime; the probe reports it
+    assert hal_cuda.probe()["visible_devices"] == "4,6"
     acc = hal.bind("cuda", emulated=False, pm=pm)
     assert ("set_device", 1) in fake_nvidia.calls  # LOCAL_RANK 3 % 2 devices
     assert acc.device == torch.device("cuda", 1) and not acc.emulated
