@@ -106,7 +106,7 @@ def create(dist_opts, pg_options=None):
         raise BridgeConfigError(f"hetero: pg_options must be a ccl_bridge.BridgeConfig, got {type(pg_options).__name__}")
     config = pg_options or BridgeConfig.from_env()
     identities = exchange_identities(store, rank, size, config)
-    topo = build_topology(identities, config.max_rails)
+    topo = build_topology(identities, config.max_parts)
     if topo.single_chip:
         return hal.accelerator().new_process_group(PrefixStore("hetero/passthrough", store), rank, size, timeout)
     return HeteroProcessGroup(build_fabric(store, rank, size, timeout, topo, config, global_ranks))

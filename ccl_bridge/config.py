@@ -8,7 +8,7 @@
 | `HAL_BRIDGE_WIRE_DTYPE` | (unset) | `bf16`: float32 SUM/AVG cross sub-clusters as bfloat16, accumulated in float32 |
 | `HAL_BRIDGE_DEBUG` | 0 | `1`: check op/dtype/shape/sequence agreement across ranks before each collective |
 | `HAL_BRIDGE_GRACE_S` | 5 | seconds a waiter allows beyond the group's timeout before raising BridgeTimeoutError |
-| `HAL_BRIDGE_MAX_RAILS` | 256 | most rail groups a group builds; above it (odd uneven sizes) it runs leader-only |
+| `HAL_BRIDGE_MAX_PARTS` | 256 | most parts (lcm of the sub-cluster sizes) for the rail paths; above it (odd uneven sizes such as 97+64) the group runs leader-only |
 
 Every rank must use the same values (they choose algorithms); group creation checks this and raises
 `BridgeConfigError` naming each rank's values otherwise.
@@ -33,7 +33,7 @@ class BridgeConfig:
     wire_dtype: Optional[str] = None  # None or "bfloat16"
     debug: bool = False
     grace_s: float = 5.0
-    max_rails: int = 256
+    max_parts: int = 256
 
     def __post_init__(self) -> None:
         if self.small_bytes < 0:
@@ -46,8 +46,8 @@ class BridgeConfig:
             raise BridgeConfigError(f"wire_dtype={self.wire_dtype!r}: expected None or 'bfloat16'")
         if self.grace_s < 0:
             raise BridgeConfigError(f"grace_s={self.grace_s}: must be >= 0")
-        if self.max_rails < 1:
-            raise BridgeConfigError(f"max_rails={self.max_rails}: must be >= 1")
+        if self.max_parts < 1:
+            raise BridgeConfigError(f"max_parts={self.max_parts}: must be >= 1")
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "BridgeConfig":
@@ -57,7 +57,7 @@ class BridgeConfig:
                                 ("HAL_BRIDGE_CHUNK_BYTES", "chunk_bytes", int),
                                 ("HAL_BRIDGE_PIPELINE_DEPTH", "pipeline_depth", int),
                                 ("HAL_BRIDGE_GRACE_S", "grace_s", float),
-                                ("HAL_BRIDGE_MAX_RAILS", "max_rails", int)):
+                                ("HAL_BRIDGE_MAX_PARTS", "max_parts", int)):
             text = (env.get(name) or "").strip()
             if text:
                 try:

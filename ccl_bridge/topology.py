@@ -19,10 +19,12 @@ sub-cluster order); consecutive parts with the same homes share one rail (one gl
 - 4+2: m=4, q=(1,2): rails {0,4}, {1,4}, {2,5}, {3,5}.
 
 Every rank is home of at least one part, so every rank is on at least one rail, and the rail of
-part 0 (every sub-cluster's index 0) is the *leader rail* used by the small-message paths. When
-`m` is so large that the number of rails would pass `max_rails` (odd uneven sizes such as 97+64),
-the topology keeps only the leader rail (`rail_mode` False) and large collectives take leader or
-global-group paths: correct, slower, and said so in `describe()`.
+part 0 (every sub-cluster's index 0) is the *leader rail* used by the small-message paths. The homes
+of consecutive parts only ever step forward, so there are at most W - k + 1 rails (W ranks, k
+sub-clusters). The part count m itself can be large for sizes with little in common (97+64:
+m = 6208), and the rail algorithms cost O(k*m) slice copies per call and pad messages to m
+elements; above `max_parts` the topology keeps only the leader rail (`rail_mode` False) and large
+collectives take leader or global-group paths: correct, slower, and said so in `describe()`.
 """
 from __future__ import annotations
 
@@ -148,7 +150,7 @@ def _lcm(values: Sequence[int]) -> int:
     return out
 
 
-def build_topology(identities: Sequence[RankIdentity], max_rails: int = 256) -> Topology:
+def build_topology(identities: Sequence[RankIdentity], max_parts: int = 256) -> Topology:
     """Sub-clusters and rails for ranks 0..len(identities)-1 (see the module docstring)."""
     if not identities:
         raise ValueError("a hetero group needs at least one rank")
@@ -169,7 +171,8 @@ def build_topology(identities: Sequence[RankIdentity], max_rails: int = 256) -> 
     m = _lcm(sizes)
     q = [m // n for n in sizes]
     rails: list[Rail] = []
-    if len(subclusters) > 1:
+    rail_mode = len(subclusters) > 1 and m <= max_parts
+    if rail_mode:
         start = 0
         homes_prev: Optional[tuple[int, ...]] = None
         for j in range(m + 1):
@@ -179,10 +182,10 @@ def build_topology(identities: Sequence[RankIdentity], max_rails: int = 256) -> 
                     mem = tuple(subclusters[c].ranks[h] for c, h in enumerate(homes_prev))
                     rails.append(Rail(len(rails), mem, homes_prev, start, j))
                 start, homes_prev = j, homes
-    rail_mode = len(subclusters) > 1 and len(rails) <= max_rails
     if len(subclusters) > 1 and not rail_mode:
-        # Leader-only: keep the rail of part 0 (every sub-cluster's index 0) and nothing else.
-        rails = [Rail(0, rails[0].members, rails[0].homes, 0, m)]
+        # Leader-only: the rail of every sub-cluster's index 0, and nothing else.
+        homes = tuple(0 for _ in subclusters)
+        rails = [Rail(0, tuple(sc.ranks[0] for sc in subclusters), homes, 0, m)]
     rails_of: list[list[int]] = [[] for _ in identities]
     for rail in rails:
         for r in rail.members:

@@ -93,18 +93,34 @@ def _cmp(name: str, got: torch.Tensor, want: torch.Tensor, tol: Optional[torch.T
 
 
 # ---- the matrix ------------------------------------------------------------------------------------
+def _group(group_ranks: Optional[list], env: Optional[dict]):
+    """(hetero group, gloo group) over `group_ranks` (default all), built once with `env` set."""
+    ranks = list(range(dist.get_world_size())) if group_ranks is None else list(group_ranks)
+    key = ("sub", tuple(ranks), tuple(sorted((env or {}).items())))
+    if key not in G:
+        old = {k: os.environ.get(k) for k in (env or {})}
+        os.environ.update(env or {})
+        try:
+            G[key] = (dist.new_group(ranks, backend="hetero"), dist.new_group(ranks, backend="gloo"))
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    return G[key]
+
+
 def matrix(coll: str, dtypes: list[str], ops: list[str], sizes: list[int], group_ranks: Optional[list] = None,
-           seed: int = 1) -> dict:
-    """Run `coll` for every dtype x op x size on the world (or a subgroup) and check it."""
+           seed: int = 1, env: Optional[dict] = None) -> dict:
+    """Run `coll` for every dtype x op x size on the world (or a subgroup, or a group built with
+    `env` settings) and check it."""
     import ccl_bridge  # noqa: F401
     pg, gl = dist.group.WORLD, G["gloo"]
-    if group_ranks is not None:
-        key = ("sub", tuple(group_ranks))
-        if key not in G:
-            G[key] = (dist.new_group(group_ranks, backend="hetero"), dist.new_group(group_ranks, backend="gloo"))
-        pg, gl = G[key]
-        if dist.get_rank() not in group_ranks:
-            return {"checks": 0, "failures": []}
+    if group_ranks is not None or env:
+        pg, gl = _group(group_ranks, env)
+        if group_ranks is not None and dist.get_rank() not in group_ranks:
+            return {"checks": 0, "failures": [], "rail_mode": None}
     W = dist.get_world_size(pg)
     me = dist.get_rank(pg)
     k = len(pg.fabric.topo.subclusters) if hasattr(pg, "fabric") else 1
@@ -124,7 +140,8 @@ def matrix(coll: str, dtypes: list[str], ops: list[str], sizes: list[int], group
                     checks += CASES[coll](pg, gl, W, me, k, dtype, op, n, seed, name, failures)
                 except Exception as exc:  # a raise is a failure of this case, with its type
                     failures.append(f"{name}: raised {type(exc).__name__}: {exc}")
-    return {"checks": checks, "failures": failures}
+    return {"checks": checks, "failures": failures,
+            "rail_mode": pg.fabric.topo.rail_mode if hasattr(pg, "fabric") else None}
 
 
 def _all_inputs(seed, W, n, dtype, op):
@@ -471,18 +488,20 @@ def subgroup_kinds(ranks: list) -> Optional[tuple]:
 
 
 # ---- faults ------------------------------------------------------------------------------------------
-def fault(point: str, action: str, victim: int, n: int, freeze_s: float = 0.0) -> dict:
-    """Rank `victim` dies/freezes at `point` inside a collective; every other rank reports the error it
-    raised and how long it took."""
+def fault(point: str, action: str, victim: int, n: int, timeout_s: float, freeze_s: float = 0.0) -> dict:
+    """On a fresh hetero group with `timeout_s`, rank `victim` dies or freezes at `point` inside its
+    second collective (#1); every rank reports the error it raised and how long the call took."""
     import ccl_bridge
     from ccl_bridge import faults
+    W = dist.get_world_size()
+    pg = dist.new_group(list(range(W)), backend="hetero", timeout=datetime.timedelta(seconds=timeout_s))
     x = torch.ones(n)
-    dist.all_reduce(x)  # a healthy collective first (seq 0)
+    dist.all_reduce(x, group=pg)  # a healthy collective first (#0)
     if dist.get_rank() == victim:
         faults.arm(point, action, seconds=freeze_s)
     t0 = time.monotonic()
     try:
-        dist.all_reduce(x)
+        dist.all_reduce(x, group=pg)
         return {"error": None, "seconds": time.monotonic() - t0}
     except ccl_bridge.BridgeCollectiveError as exc:
         return {"error": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__, "op": exc.op, "seq": exc.seq,

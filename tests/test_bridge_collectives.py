@@ -37,8 +37,9 @@ def pool(request):
         yield p
 
 
-def _run(pool, coll, dtypes, ops, sizes, timeout=240, group_ranks=None):
-    results = pool.run(cases.matrix, coll, dtypes, ops, sizes, group_ranks, timeout=timeout)
+def _run(pool, coll, dtypes, ops, sizes, timeout=240, group_ranks=None, env=None, rail_mode=True):
+    results = pool.run(cases.matrix, coll, dtypes, ops, sizes, group_ranks, 1, env, timeout=timeout)
+    assert all(r["rail_mode"] in (rail_mode, None) for r in results), results
     failures = [f"rank {r}: {f}" for r, res in enumerate(results) for f in res["failures"]]
     assert not failures, f"{pool.shape}: {len(failures)} failures:\n" + "\n".join(failures[:20])
     return sum(res["checks"] for res in results)
@@ -119,6 +120,14 @@ def test_subgroups(pool):
     assert kinds[0][0] != "HeteroProcessGroup" and kinds[0][1] == [3.0, 3.0]
     kinds = pool.run(cases.subgroup_kinds, [1, 3])
     assert kinds[1][0] == "HeteroProcessGroup" and kinds[3][1] == [6.0, 6.0]
+
+
+@pytest.mark.parametrize("family", ["all_reduce+reduce", "reduce_scatter", "all_gather", "broadcast"])
+def test_leader_only_topology(pool, family):
+    """HAL_BRIDGE_MAX_PARTS=1 forces the leader-only fallback (for sizes with a huge lcm)."""
+    ops = ["sum", "max"] if family in ("all_reduce+reduce", "reduce_scatter") else ["sum"]
+    assert _run(pool, family, ["float32", "int64"], ops, [7, 100003], env={"HAL_BRIDGE_MAX_PARTS": "1"},
+                rail_mode=False) > 0
 
 
 def test_debug_mode_names_both_shapes(pool):
