@@ -43,9 +43,8 @@ class PoolHandle:
             self._pool = None
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        # Every result is already back; killing skips the workers' slow interpreter teardown.
+        self.discard()
 
     def __enter__(self) -> "PoolHandle":
         return self
@@ -74,6 +73,7 @@ class Runner:
             raise ValueError(f"pool has {self.pool.nproc} ranks but the target asks for --nproc {target.nproc}")
         self.on_result = on_result
         self.local = LocalContext(target)
+        self._bound: dict = {}
 
     def run(self, checks: Iterable[Check]) -> list[CheckResult]:
         results = []
@@ -92,7 +92,7 @@ class Runner:
 
     def _run(self, check: Check) -> CheckResult:
         if check.where != "local" and not self.target.load_error:
-            self.pool.get()  # start (or restart) the pool outside the check's own time
+            self._prepare(check_spec(self.target, check))  # pool start and binding: not the check's time
         t0 = time.perf_counter()
         if check.where == "local":
             status, message, data = run_check_fn(check.fn, self.local, check.params)
@@ -115,6 +115,17 @@ class Runner:
                                f"(a hang: some call neither returned nor raised); worker pool restarted",
                                time.perf_counter() - t0)
         return self._merge(check, outcomes, time.perf_counter() - t0)
+
+    def _prepare(self, spec) -> None:
+        pool = self.pool.get()
+        if self._bound.get(id(pool)) == spec:
+            return
+        try:
+            pool.run(worker.prepare, spec, timeout=300, check=False)
+        except TimeoutError:
+            self.pool.discard()
+            return
+        self._bound = {id(pool): spec}
 
     def _merge(self, check: Check, outcomes: list, seconds: float) -> CheckResult:
         per_rank = []

@@ -53,6 +53,7 @@ class WorkerContext:
     rank: int
     world_size: int
     _ccl: Any = field(default=None, repr=False)
+    _hetero: Any = field(default=None, repr=False)
     _control: Any = field(default=None, repr=False)
 
     @property
@@ -73,8 +74,34 @@ class WorkerContext:
             self._ccl = self.new_group()
         return self._ccl
 
+    def hetero(self) -> Any:
+        """A `hetero` group (ccl_bridge) over every rank, built straight through the backend's creator
+        (no default group: the pool may serve several plugins one after another)."""
+        if self._hetero is None:
+            import torch.distributed as dist
+            from torch._C._distributed_c10d import _DistributedBackendOptions
+
+            import ccl_bridge
+            opts = _DistributedBackendOptions()
+            opts.store = dist.PrefixStore(_next_prefix("hetero"), _store())
+            opts.group_rank, opts.group_size = self.rank, self.world_size
+            opts.timeout = timedelta(seconds=self.spec.group_timeout_s)
+            opts.global_ranks_in_group = list(range(self.world_size))
+            opts.group_id = f"conformance-{_GROUP_SEQ}"
+            self._hetero = ccl_bridge.create(opts)
+        return self._hetero
+
     def drop_ccl(self) -> None:
+        """Forget the groups built so far (the next check builds fresh ones)."""
         self._ccl = None
+        if self._hetero is not None:
+            shutdown = getattr(self._hetero, "shutdown", None)
+            if callable(shutdown):
+                try:
+                    shutdown()
+                except Exception:  # a broken group may fail to shut down; it is dropped anyway
+                    pass
+            self._hetero = None
 
     def control(self) -> Any:
         """A gloo group on the host that the suite trusts, for agreement between ranks."""
@@ -112,7 +139,8 @@ def _bind(spec: WorkerSpec) -> WorkerContext:
     pm = PluginManager()
     pm.load_entry_points(env={"HAL_PLUGINS": ",".join(spec.plugins)})
     set_plugin_manager(pm)
-    acc = hal.bind(spec.chip_for(rank), emulated=spec.emulated, pm=pm)
+    chip = spec.chip_for(rank)
+    acc = hal.bind(chip, emulated=spec.emulated and chip == spec.chip, pm=pm)
     if acc.device.type == "cpu":
         # Ranks share the host's cores: one torch thread pool per rank over all cores would
         # oversubscribe them (the spinning threads slow everything on a shared CI machine).
@@ -127,11 +155,21 @@ def context(spec: WorkerSpec) -> WorkerContext:
     if _STATE is None or _STATE.spec != spec:
         old = _STATE
         _STATE = None
+        if old is not None:
+            old.drop_ccl()
         ctx = _bind(spec)
         if old is not None:
             ctx._control = old._control  # the control group does not depend on the chip
         _STATE = ctx
     return _STATE
+
+
+def prepare(spec: WorkerSpec) -> str:
+    """Bind `spec` ahead of the first check (errors are left for that check to report)."""
+    try:
+        return repr(context(spec).acc)
+    except Exception as exc:
+        return f"bind failed: {type(exc).__name__}: {exc}"
 
 
 def run_check(spec: WorkerSpec, where: str, fn: Callable, params: tuple) -> dict:

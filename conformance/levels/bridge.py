@@ -1,17 +1,119 @@
-"""Level `bridge`: the plugin's chip and the `cpu` reference chip in one `hetero` cluster.
+"""Level `bridge`: the plugin's chip and the `cpu` reference chip in one `hetero` cluster (ccl_bridge).
 
-Placeholder until `ccl_bridge` provides the `hetero` backend: every check is skipped with the
-reason "ccl_bridge not available".
+The pool's ranks are split: the first half bind the plugin's chip (emulated if the run is), the
+rest bind `cpu`; a `hetero` group spans them (built through `ccl_bridge.create`, the backend's
+creator). Check ids: `bridge.hetero_group` (the group forms and spans both chips), then
+`bridge.<collective>.<dtype>[.<op>]` over the same combinations as the collectives level, each case
+against the same golden results. The bridge emulates what a chip's CCL lacks, so every combination
+must give the golden result, or be refused on every rank with `hal.NotSupportedError` (the typed
+refusal the bridge promises, e.g. AVG of integers); any other outcome fails. Skipped with
+"ccl_bridge not available" when the package is missing or has no `hetero` backend, and when the
+plugin's chip is `cpu` itself (no second chip kind to bridge to).
 """
 from __future__ import annotations
 
-from ..checks import Check, CheckSkipped
+import importlib.util
+
+from ..checks import Check, CheckFailed, CheckSkipped
+from ..target import Target, WorkerSpec
+from .collective_golden import ALL_DTYPES, meaningful_ops
+from .collectives import MOVING, REDUCING, SIZES, _attempt, _cases
 
 
-def check_unavailable(ctx) -> str:
-    raise CheckSkipped("ccl_bridge not available")
+def bridge_spec(target: Target) -> WorkerSpec:
+    n = target.nproc
+    k = (n + 1) // 2
+    plugins = (target.plugin,) if target.chip == "cpu" else (target.plugin, "cpu")
+    return WorkerSpec(plugins=plugins, chip=target.chip, emulated=target.emulated, seed=target.seed,
+                      group_timeout_s=target.group_timeout_s, chips=tuple([target.chip] * k + ["cpu"] * (n - k)))
 
 
-def discover(target) -> list[Check]:
-    return [Check("bridge.hetero_cluster", "bridge", "the chip and cpu form one hetero process group",
-                  check_unavailable, where="local")]
+def _available() -> tuple[bool, str]:
+    if importlib.util.find_spec("ccl_bridge") is None:
+        return False, "ccl_bridge not available"
+    try:
+        import ccl_bridge
+    except Exception as exc:
+        return False, f"ccl_bridge not available (import failed: {type(exc).__name__}: {exc})"
+    if not callable(getattr(ccl_bridge, "create", None)):
+        return False, "ccl_bridge not available (no `create` backend creator)"
+    return True, ""
+
+
+def _skip_reason(ctx) -> str:
+    ok, why = _available()
+    if not ok:
+        return why
+    if ctx.spec.chip == "cpu":
+        return "the plugin's chip is the cpu reference: there is no second chip kind to bridge to"
+    return ""
+
+
+def check_hetero_group(ctx) -> str:
+    why = _skip_reason(ctx)
+    if why:
+        raise CheckSkipped(why)
+    pg = ctx.hetero()
+    name = type(pg).__name__
+    describe = getattr(pg, "describe", None)
+    info = describe() if callable(describe) else {}
+    if name != "HeteroProcessGroup":
+        raise CheckFailed(f"expected a HeteroProcessGroup spanning chips {sorted(set(ctx.spec.chips))}, got {name} "
+                          f"(the bridge saw one chip kind)")
+    pg.barrier().wait()
+    chips = sorted({c for c in ctx.spec.chips})
+    return f"HeteroProcessGroup over {ctx.world_size} ranks, chips {chips}; barrier completed" + (
+        f"; {info.get('topology', '')}" if isinstance(info, dict) and info.get("topology") else "")
+
+
+def check_bridge_collective(ctx, collective: str, dtype: str, op) -> str:
+    why = _skip_reason(ctx)
+    if why:
+        raise CheckSkipped(why)
+    group = ctx.hetero()
+    cases = _cases(collective, dtype, op, ctx.world_size)
+    first_bad, refused = None, None
+    for case in cases:
+        ok, detail = _attempt(ctx, case, group)
+        if detail.startswith("raised NotSupportedError"):
+            refused = (case, detail)
+            break
+        if detail.startswith("raised "):
+            first_bad = (case, detail)
+            break
+        if not ok and first_bad is None:
+            first_bad = (case, detail)
+    flags = ctx.agree_max([1.0 if first_bad else 0.0, 1.0 if refused else 0.0, 0.0 if refused else 1.0])
+    if first_bad:
+        case, detail = first_bad
+        raise CheckFailed(f"expected the golden result (or hal.NotSupportedError on every rank), "
+                          f"{case.describe()} on the hetero group: {detail}")
+    if flags[0] > 0:
+        raise CheckFailed("every case was right on this rank but failed on another")
+    if refused and flags[2] > 0:
+        raise CheckFailed(f"{refused[0].describe()} was refused on this rank but not on another: {refused[1]}")
+    if refused:
+        return f"refused with a typed error: {refused[1][len('raised '):][:200]}"
+    return f"{len(cases)} cases correct across the chips (sizes {list(SIZES)})"
+
+
+check_hetero_group.worker_spec = bridge_spec
+check_bridge_collective.worker_spec = bridge_spec
+
+
+def discover(target: Target) -> list[Check]:
+    t = max(60.0, 2 * target.group_timeout_s + 30)
+    checks = [Check("bridge.hetero_group", "bridge", "the plugin's chip and cpu form one hetero group",
+                    check_hetero_group, where="all", timeout=t)]
+    for coll in REDUCING:
+        for d in ALL_DTYPES:
+            for op in meaningful_ops(d):
+                checks.append(Check(f"bridge.{coll}.{d}.{op}", "bridge",
+                                    f"{coll} of {d} with {op} across chips: golden result or typed refusal",
+                                    check_bridge_collective, (coll, d, op), where="all", timeout=t))
+    for coll in MOVING:
+        for d in ALL_DTYPES:
+            checks.append(Check(f"bridge.{coll}.{d}", "bridge",
+                                f"{coll} of {d} across chips: bit-exact or typed refusal",
+                                check_bridge_collective, (coll, d, None), where="all", timeout=t))
+    return checks

@@ -19,7 +19,7 @@ from ..checks import Check, CheckFailed, Passed
 from ..target import Target
 from .collective_golden import ALL_DTYPES, meaningful_ops
 
-SIZES = (0, 1, 7, 1031, 65539)
+SIZES = (0, 1, 7, 65539)  # empty, one, odd, large and odd (no even split across ranks)
 REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor")
 MOVING = ("broadcast", "all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single", "gather",
           "scatter", "send_recv")
@@ -38,11 +38,11 @@ def _cases(collective: str, dtype: str, op, world: int, sizes=SIZES):
     return out
 
 
-def _attempt(ctx, case) -> tuple[bool, str]:
+def _attempt(ctx, case, group=None) -> tuple[bool, str]:
     """(ok, detail) of one case on this rank; ok=False with the exception or the wrong output."""
     from .collective_calls import run_case
     try:
-        outputs = run_case(ctx.ccl(), case, ctx.rank, ctx.world_size, ctx.device)
+        outputs = run_case(group if group is not None else ctx.ccl(), case, ctx.rank, ctx.world_size, ctx.device)
     except Exception as exc:
         return False, f"raised {type(exc).__name__}: {str(exc).strip()[:300]}"
     wrong = [f"{what}: {why}" for what, why in outputs if why]
@@ -54,33 +54,7 @@ def check_collective(ctx, collective: str, dtype: str, op) -> str:
     declared = caps.supports(collective, dtype, op)
     label = f"{collective} dtype={dtype}" + (f" op={op}" if op else "")
     if declared:
-        cases = _cases(collective, dtype, op, ctx.world_size)
-        refused = []
-        for case in cases:
-            ok, detail = _attempt(ctx, case)
-            if case.optional:
-                raised = detail.startswith("raised ")
-                flags = ctx.agree_max([1.0 if raised else 0.0, 0.0 if ok or raised else 1.0])
-                if not ok and not raised:
-                    raise CheckFailed(f"declared supported; {case.describe()} returned a wrong result: {detail}")
-                if flags[1] > 0:
-                    raise CheckFailed(f"declared supported; {case.describe()} failed on another rank")
-                if flags[0] > 0:
-                    refused.append(f"{case.describe()} refused ({detail[len('raised '):][:120]})" if raised
-                                   else f"{case.describe()} refused on another rank")
-                    ctx.drop_ccl()  # ranks that did not raise may have left the group mid-call
-                continue
-            # Agree after every case so all ranks stop together (no rank waits in a collective
-            # its peers never enter).
-            any_bad = ctx.agree_max([0.0 if ok else 1.0])[0] > 0
-            if not ok:
-                raise CheckFailed(f"declared supported in the capability matrix; expected the golden result, "
-                                  f"{case.describe()}: {detail}")
-            if any_bad:
-                raise CheckFailed(f"declared supported; {case.describe()} failed on another rank")
-        note = f"; optional cases refused: {refused[0]}" + (f" (+{len(refused) - 1} more)" if len(refused) > 1 else "") \
-            if refused else ""
-        return f"declared supported: {len(cases) - len(refused)} cases correct (sizes {list(SIZES)}){note}"
+        return _declared(ctx, _cases(collective, dtype, op, ctx.world_size))
     case = _cases(collective, dtype, op, ctx.world_size, sizes=(7,))[0]
     ok, detail = _attempt(ctx, case)
     raised = detail.startswith("raised ")
@@ -94,6 +68,47 @@ def check_collective(ctx, collective: str, dtype: str, op) -> str:
                           f"but this rank raised and another did not: {detail}")
     raise CheckFailed(f"not declared in the capability matrix, so {label} must raise a not-supported error or "
                       f"give the right result; it returned without error and a wrong result: {detail}")
+
+
+def _declared(ctx, cases) -> str:
+    """Run every case of a declared combination; fail on the first wrong one.
+
+    Ranks stay in step without a handshake per case: a wrong *result* does not stop a rank (every
+    rank runs every case, then they agree once); a case that *raised* stops this rank at once and
+    it agrees right away, and a peer still inside a collective reaches the same agreement when its
+    group times out and raises. Optional cases (see `Case.optional`) may be refused; they agree
+    per case, since a refusal on some ranks only would leave the others mid-call."""
+    first_wrong, refused = None, []
+    raised_at = None
+    for case in cases:
+        ok, detail = _attempt(ctx, case)
+        raised = detail.startswith("raised ")
+        if case.optional:
+            flags = ctx.agree_max([1.0 if raised else 0.0, 0.0 if ok or raised else 1.0])
+            if not ok and not raised and first_wrong is None:
+                first_wrong = (case, detail)
+            if flags[0] > 0:
+                refused.append(f"{case.describe()} refused ({detail[len('raised '):][:120]})" if raised
+                               else f"{case.describe()} refused on another rank")
+                if not raised:
+                    ctx.drop_ccl()  # this rank completed a call its peers refused: rebuild the group
+            continue
+        if raised:
+            raised_at = (case, detail)
+            break
+        if not ok and first_wrong is None:
+            first_wrong = (case, detail)
+    bad = first_wrong or raised_at
+    others_bad = ctx.agree_max([1.0 if bad else 0.0])[0] > 0
+    if bad:
+        case, detail = bad
+        raise CheckFailed(f"declared supported in the capability matrix; expected the golden result, "
+                          f"{case.describe()}: {detail}")
+    if others_bad:
+        raise CheckFailed("declared supported; every case was right on this rank but failed on another")
+    note = (f"; optional cases refused: {refused[0]}" + (f" (+{len(refused) - 1} more)" if len(refused) > 1 else "")
+            if refused else "")
+    return f"declared supported: {len(cases) - len(refused)} cases correct (sizes {list(SIZES)}){note}"
 
 
 def check_process_group(ctx) -> str:

@@ -157,7 +157,7 @@ def check_collective_wrong_device(ctx) -> str:
     return "raised: " + "; ".join(got) + "; " + _still_works(ctx)
 
 
-TIMEOUT_S = 3.0
+TIMEOUT_S = 2.0
 
 
 def check_collective_timeout(ctx) -> str:
