@@ -114,7 +114,7 @@ def _global_reduce_scatter(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, spe
     if spec.premul is not None:
         x = inp * spec.premul
     hx = fx.to_host(x, "grs_in")
-    ho = fx.host_buffer("grs_out", out.numel(), out.dtype) if out.device.type != "cpu" else out.view(-1)
+    ho = fx.host_buffer("grs_out", out.numel(), out.dtype) if fx.staged(out) else out.view(-1)
     fx.host_ready()
     fx.glob.reduce_scatter_tensor(ho, hx, spec.inner).wait()
     fx.from_host(ho, out)
@@ -127,7 +127,7 @@ def all_gather_into_tensor(fx: Fabric, out: torch.Tensor, inp: torch.Tensor) -> 
     n = inp.numel()
     if not fx.topo.rail_mode:
         hi_ = fx.to_host(inp, "gag_in")
-        ho = fx.host_buffer("gag_out", out.numel(), out.dtype) if out.device.type != "cpu" else out.view(-1)
+        ho = fx.host_buffer("gag_out", out.numel(), out.dtype) if fx.staged(out) else out.view(-1)
         fx.host_ready()
         fx.glob.all_gather_into_tensor(ho, hi_).wait()
         fx.from_host(ho, out)
@@ -170,7 +170,7 @@ def all_gather_into_tensor(fx: Fabric, out: torch.Tensor, inp: torch.Tensor) -> 
         for la, lb, g in parts:
             sv[:, la:lb].copy_(g.view(k, lb - la, p))
     share = share_host
-    if dev.type != "cpu":
+    if fx.staged(inp):
         share = fx.scratch.get("ag_share_dev", k * q * p, inp.dtype, dev)
         share.copy_(share_host, non_blocking=True)
     full = fx.scratch.get("ag_full", nc * k * q * p, inp.dtype, dev)
@@ -215,7 +215,7 @@ def gather(fx: Fabric, out: Optional[torch.Tensor], inp: torch.Tensor, root: int
     hi = _staged(fx, inp, "g_in")
     ho = None
     if out is not None:
-        ho = out.view(-1) if out.device.type == "cpu" else fx.host_buffer("g_out", out.numel(), out.dtype)
+        ho = fx.host_buffer("g_out", out.numel(), out.dtype) if fx.staged(out) else out.view(-1)
     fx.host_ready()
     fx.glob.gather(ho, hi, root).wait()
     if out is not None:
@@ -224,7 +224,7 @@ def gather(fx: Fabric, out: Optional[torch.Tensor], inp: torch.Tensor, root: int
 
 def scatter(fx: Fabric, out: torch.Tensor, inp: Optional[torch.Tensor], root: int) -> None:
     hi = _staged(fx, inp, "s_in")
-    ho = out.view(-1) if out.device.type == "cpu" else fx.host_buffer("s_out", out.numel(), out.dtype)
+    ho = fx.host_buffer("s_out", out.numel(), out.dtype) if fx.staged(out) else out.view(-1)
     fx.host_ready()
     fx.glob.scatter(ho, hi, root).wait()
     fx.from_host(ho, out)
@@ -234,7 +234,7 @@ def all_to_all_single(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_spli
                       in_splits: list[int]) -> None:
     """Flat contiguous tensors; splits in elements."""
     hi = fx.to_host(inp.reshape(-1), "a2a_in")
-    ho = out.view(-1) if out.device.type == "cpu" else fx.host_buffer("a2a_out", out.numel(), out.dtype)
+    ho = fx.host_buffer("a2a_out", out.numel(), out.dtype) if fx.staged(out) else out.view(-1)
     fx.host_ready()
     fx.glob.all_to_all_single(ho, hi, out_splits, in_splits).wait()
     fx.from_host(ho, out)
@@ -261,7 +261,7 @@ def p2p_route(fx: Fabric, peer: int, dtype: torch.dtype):
 
 def send(fx: Fabric, t: torch.Tensor, dst: int, tag: int) -> Handle:
     ccl, peer = p2p_route(fx, dst, t.dtype)
-    if ccl is fx.glob and t.device.type != "cpu":
+    if ccl is fx.glob and fx.staged(t):
         host = t.reshape(-1).to(CPU)  # a fresh host copy: the send may outlive this call
         return ccl.send(host, peer, tag)
     return ccl.send(t.reshape(-1) if t.is_contiguous() else t.contiguous().view(-1), peer, tag)
@@ -269,7 +269,7 @@ def send(fx: Fabric, t: torch.Tensor, dst: int, tag: int) -> Handle:
 
 def recv(fx: Fabric, t: torch.Tensor, src: int, tag: int) -> Handle:
     ccl, peer = p2p_route(fx, src, t.dtype)
-    if ccl is fx.glob and t.device.type != "cpu":
+    if ccl is fx.glob and fx.staged(t):
         host = torch.empty(t.numel(), dtype=t.dtype)
         h = ccl.recv(host, peer, tag)
         return Handle([h], lambda: t.view(-1).copy_(host), h.stage)

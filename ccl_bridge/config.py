@@ -8,6 +8,7 @@
 | `HAL_BRIDGE_WIRE_DTYPE` | (unset) | `bf16`: float32 SUM/AVG cross sub-clusters as bfloat16, accumulated in float32 |
 | `HAL_BRIDGE_DEBUG` | 0 | `1`: check op/dtype/shape/sequence agreement across ranks before each collective |
 | `HAL_BRIDGE_GRACE_S` | 5 | seconds a waiter allows beyond the group's timeout before raising BridgeTimeoutError |
+| `HAL_BRIDGE_FORCE_STAGING` | 0 | `1`: copy CPU tensors through host staging too, as for a native chip (tests the native copy path on emulated chips) |
 | `HAL_BRIDGE_MAX_PARTS` | 256 | most parts (lcm of the sub-cluster sizes) for the rail paths; above it (odd uneven sizes such as 97+64) the group runs leader-only |
 
 Every rank must use the same values (they choose algorithms); group creation checks this and raises
@@ -34,6 +35,7 @@ class BridgeConfig:
     debug: bool = False
     grace_s: float = 5.0
     max_parts: int = 256
+    force_staging: bool = False
 
     def __post_init__(self) -> None:
         if self.small_bytes < 0:
@@ -69,17 +71,20 @@ class BridgeConfig:
             kw["wire_dtype"] = "bfloat16"
         elif wire not in ("", "none", "off", "fp32", "float32"):
             raise BridgeConfigError(f"HAL_BRIDGE_WIRE_DTYPE={wire!r}: expected 'bf16' or unset")
-        debug = (env.get("HAL_BRIDGE_DEBUG") or "").strip().lower()
-        if debug not in _TRUE + _FALSE:
-            raise BridgeConfigError(f"HAL_BRIDGE_DEBUG={debug!r}: expected 0 or 1")
-        kw["debug"] = debug in _TRUE
+        for name, key in (("HAL_BRIDGE_DEBUG", "debug"), ("HAL_BRIDGE_FORCE_STAGING", "force_staging")):
+            text = (env.get(name) or "").strip().lower()
+            if text not in _TRUE + _FALSE:
+                raise BridgeConfigError(f"{name}={text!r}: expected 0 or 1")
+            kw[key] = text in _TRUE
         return cls(**kw)
 
     def with_(self, **changes) -> "BridgeConfig":
         return replace(self, **changes)
 
     def agreement_key(self) -> dict:
-        """What must agree across ranks (everything except the local waiter's grace)."""
+        """What must agree across ranks: what picks algorithms (not the local waiter's grace, nor
+        whether this rank's tensors go through host staging)."""
         d = asdict(self)
         d.pop("grace_s")
+        d.pop("force_staging")
         return d

@@ -60,10 +60,15 @@ class Fabric:
         return self.global_ranks[group_rank] if self.global_ranks else group_rank
 
     # ---- host staging: cross-sub-cluster steps read host memory --------------------------------
+    def staged(self, t: torch.Tensor) -> bool:
+        """Whether `t` goes through host staging: device tensors always; CPU tensors (emulated chips)
+        only with HAL_BRIDGE_FORCE_STAGING=1, which runs the native chips' copy path in tests."""
+        return t.device.type != "cpu" or self.config.force_staging
+
     def to_host(self, t: torch.Tensor, slot: Any) -> torch.Tensor:
         """`t` itself for a CPU tensor (emulated chips), else a pinned staging copy (async; call
         `host_ready()` before a gloo op reads it)."""
-        if t.device.type == "cpu":
+        if not self.staged(t):
             return t
         h = self.scratch.get(("host", slot), t.numel(), t.dtype, CPU)
         h.copy_(t.reshape(-1), non_blocking=True)
@@ -73,7 +78,7 @@ class Fabric:
         self.sync.host_ready()
 
     def from_host(self, h: torch.Tensor, t: torch.Tensor) -> None:
-        if h is t or (h.device.type == "cpu" and t.device.type == "cpu" and h.data_ptr() == t.data_ptr()):
+        if h is t or (h.device == t.device and h.data_ptr() == t.data_ptr()):
             return
         t.view(-1).copy_(h, non_blocking=True)
 

@@ -130,6 +130,15 @@ def test_leader_only_topology(pool, family):
                 rail_mode=False) > 0
 
 
+@pytest.mark.parametrize("family", ["all_reduce+reduce", "reduce_scatter", "all_gather", "broadcast",
+                                    "all_to_all", "gather+scatter", "send_recv"])
+def test_host_staging_path(pool, family):
+    """HAL_BRIDGE_FORCE_STAGING=1: every cross step copies through the staging buffers a native chip
+    uses (device <-> pinned host), here with CPU tensors."""
+    ops = ["sum", "max"] if family in ("all_reduce+reduce", "reduce_scatter") else ["sum"]
+    assert _run(pool, family, ["float32", "int8"], ops, [7, 100003], env={"HAL_BRIDGE_FORCE_STAGING": "1"}) > 0
+
+
 def test_debug_mode_names_both_shapes(pool):
     for res in pool.run(cases.debug_mismatch):
         assert res["debug"] is True
