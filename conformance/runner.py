@@ -53,12 +53,19 @@ class PoolHandle:
         self.close()
 
 
-def _died(outcome) -> str:
-    text = outcome.error or "worker process died"
-    for code, name in _SIGNALS.items():
-        if f"exit code -{code})" in text:
-            return f"{text} = {name}: the process aborted instead of raising a typed error"
-    return text
+def _died(outcome, pool) -> str:
+    """What a dead worker's exit says (a signal: it aborted or crashed instead of raising)."""
+    procs = getattr(pool, "_procs", None)  # WorkerPool keeps its processes; read the exit code
+    code = None
+    if procs is not None and 0 <= outcome.rank < len(procs):
+        procs[outcome.rank].join(5)
+        code = procs[outcome.rank].exitcode
+    if code is None:
+        return outcome.error or "worker process died"
+    if code < 0:
+        name = _SIGNALS.get(-code, f"signal {-code}")
+        return f"worker process died of {name} (exit code {code}): it aborted or crashed instead of raising a typed error"
+    return f"worker process exited with code {code} instead of returning or raising"
 
 
 class Runner:
@@ -133,7 +140,7 @@ class Runner:
         for o in outcomes:
             if not o.ok:
                 dead = dead or o.died
-                why = _died(o) if o.died else f"worker error {o.error}"
+                why = _died(o, self.pool._pool) if o.died else f"worker error {o.error}"
                 per_rank.append((o.rank, "failed", why, None))
             else:
                 per_rank.append((o.rank, o.value["status"], o.value["message"], o.value["data"]))

@@ -1,0 +1,57 @@
+"""CI runs the conformance suite on `cpu` (every level) and on each vendor plugin emulated (the core
+levels plus collectives): `hal conformance --plugin X [--emulate]` must pass.
+
+One worker pool serves every run (workers rebind per plugin), so process start-up and the first
+call of each torch kernel are paid once for the module.
+"""
+import json
+
+import pytest
+
+from conformance.checks import LEVELS
+from conformance.efficiency import EfficiencyMatrix
+from conformance.runner import PoolHandle
+from conformance.suite import run_suite
+from conformance.target import load_target
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with PoolHandle(2) as handle:
+        yield handle
+
+
+def _assert_passes(report):
+    failed = [f"{r.id}: {r.message}" for r in report.results if r.status == "failed"]
+    assert not failed, "\n".join(failed)
+    assert report.ok
+
+
+def test_cpu_passes_every_level(pool, tmp_path):
+    report = run_suite(load_target("cpu", nproc=2, group_timeout_s=30), LEVELS, pool=pool)
+    _assert_passes(report)
+    by_level = report.by_level()
+    assert set(by_level) == set(LEVELS)
+    for level in ("contract", "runtime", "ops", "collectives", "errors", "perf"):
+        assert by_level[level]["passed"] > 0, (level, by_level[level])
+    # The perf level wrote an efficiency matrix that validates against its model (and round-trips).
+    em = report.efficiency_matrix
+    assert isinstance(em, EfficiencyMatrix) and not em.emulated and em.chip == "cpu"
+    assert em.matmul and em.memory_bandwidth and em.collectives
+    path = tmp_path / "report.json"
+    report.write_json(path)
+    data = json.loads(path.read_text())
+    assert set(data) == {"schema_version", "plugin", "chip", "emulated", "levels", "checks", "summary",
+                         "efficiency_matrix"}
+    EfficiencyMatrix.model_validate(data["efficiency_matrix"])
+    assert data["summary"]["failed"] == 0 and data["summary"]["passed"] == len(
+        [c for c in data["checks"] if c["status"] == "passed"])
+
+
+@pytest.mark.parametrize("plugin", ["cuda", "ascend", "kunlun"])
+def test_vendor_plugin_passes_emulated(plugin, pool):
+    target = load_target(plugin, emulate=True, nproc=2, group_timeout_s=30)
+    assert target.emulated and target.chip == plugin
+    report = run_suite(target, ["contract", "runtime", "ops", "errors", "collectives"], pool=pool)
+    _assert_passes(report)
+    assert report.summary["passed"] > 400
