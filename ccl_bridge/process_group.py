@@ -9,6 +9,7 @@ a `BridgeWork`. Names cover both spellings torch 2.x uses (`all_gather_single` /
 """
 from __future__ import annotations
 
+import threading
 import time
 from datetime import timedelta
 from typing import Any, Callable, Optional, Sequence
@@ -25,7 +26,7 @@ from . import faults
 from .errors import BridgeCollectiveError, BridgeMismatchError, BridgePeerError
 from .fabric import Fabric
 from .reduction import reduce_spec
-from .work import BridgeWork, Executor, classify
+from .work import BridgeWork, Executor, GroupState, classify
 
 
 def _one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
@@ -57,7 +58,8 @@ class HeteroProcessGroup(dist.ProcessGroup):
         self._seq = 0
         self._group_name = ""
         self._group_desc = ""
-        self._broken: Optional[BaseException] = None
+        self._state = GroupState(self._abort_inner)
+        self._lock = threading.Lock()  # seq numbers and queue order must match (DDP calls from autograd threads)
         self._executor = Executor(f"{fabric.rank}")
         self._timeout_s = fabric.timeout.total_seconds()
 
@@ -104,11 +106,15 @@ class HeteroProcessGroup(dist.ProcessGroup):
             return err
         return handle
 
+    @property
+    def _broken(self) -> Optional[BaseException]:
+        return self._state.broken
+
     def _break(self, err: BaseException) -> None:
-        if self._broken is not None:
-            return
-        self._broken = err
-        # Abort inner groups so peers blocked on this rank fail now instead of at their timeout.
+        self._state.break_(err)
+
+    def _abort_inner(self, err: BaseException) -> None:
+        # Abort inner groups so peers blocked on this rank may fail before their own timeout.
         for g in self.fabric.inner_groups:
             try:
                 g.abort()
@@ -124,11 +130,16 @@ class HeteroProcessGroup(dist.ProcessGroup):
                 fingerprint: Optional[dict] = None, p2p: bool = False) -> BridgeWork:
         self._check_usable(op)
         fx = self.fabric
-        seq = -1 if p2p else self._seq
-        if not p2p:
-            self._seq += 1
         caller_ev = fx.sync.caller_event()
-        work = BridgeWork(op, seq, self._group_name, result, self._timeout_s, fx.config.grace_s)
+        with self._lock:
+            seq = -1 if p2p else self._seq
+            if not p2p:
+                self._seq += 1
+            return self._enqueue(op, seq, result, job, fingerprint, p2p, caller_ev)
+
+    def _enqueue(self, op, seq, result, job, fingerprint, p2p, caller_ev) -> BridgeWork:
+        fx = self.fabric
+        work = BridgeWork(op, seq, self._group_name, result, self._timeout_s, fx.config.grace_s, self._state)
         fp = _debug.Fingerprint(seq=seq, op=op, **fingerprint) if (fx.config.debug and fingerprint is not None) \
             else None
 

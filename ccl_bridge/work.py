@@ -46,9 +46,14 @@ def classify(exc: BaseException, *, op: str, seq: int, group: str, elapsed: floa
 
 
 class BridgeWork(dist._Work):
-    """A collective in flight. `wait()` raises the typed error of a failed collective."""
+    """A collective in flight. `wait()` raises the typed error of a failed collective.
 
-    def __init__(self, op: str, seq: int, group: str, result: Any, timeout_s: float, grace_s: float):
+    `group_state` is the owning group's `GroupState`: a waiter that gives up breaks the group (the
+    executor may be stuck in an inner op that ignores its timeout), and a waiter whose job is still
+    queued gives up as soon as the group is broken, since the job may then never start."""
+
+    def __init__(self, op: str, seq: int, group: str, result: Any, timeout_s: float, grace_s: float,
+                 group_state: "Optional[GroupState]" = None):
         super().__init__()
         self.op, self.seq, self.group = op, seq, group
         self._result = result
@@ -57,7 +62,7 @@ class BridgeWork(dist._Work):
         self._future = torch.futures.Future()
         self._timeout_s, self._grace_s = timeout_s, grace_s
         self._started: Optional[float] = None
-        self._submitted = time.monotonic()
+        self._state = group_state
 
     # ---- executor side ----
     def _mark_started(self) -> None:
@@ -75,29 +80,35 @@ class BridgeWork(dist._Work):
             self._event.set()
 
     # ---- user side ----
-    def _deadline(self) -> float:
-        # The job may queue behind earlier ones; they are bounded the same way.
-        base = self._started if self._started is not None else time.monotonic()
-        return base + self._timeout_s + self._grace_s
-
     def wait(self, timeout: Optional[timedelta] = None) -> bool:
         limit = None
         if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
             limit = time.monotonic() + timeout.total_seconds()
+        budget = self._timeout_s + self._grace_s
         while not self._event.is_set():
             now = time.monotonic()
-            deadline = self._deadline() if self._started is not None else now + self._timeout_s + self._grace_s
-            if limit is not None:
-                deadline = min(deadline, limit)
+            if self._started is None:
+                # Queued behind earlier collectives, each bounded the same way; if the group broke
+                # meanwhile this one may never start.
+                broken = self._state.broken if self._state is not None else None
+                if broken is not None:
+                    raise BridgePeerError(f"group {self.group!r}, op {self.op} (collective #{self.seq}) never "
+                                          f"started: the group broke before it: {broken}",
+                                          op=self.op, seq=self.seq, group=self.group)
+                deadline = limit if limit is not None else now + 0.5
+            else:
+                deadline = self._started + budget if limit is None else min(limit, self._started + budget)
             left = deadline - now
-            if left <= 0:
-                started = self._started is not None
-                raise BridgeTimeoutError(
+            if left <= 0 and (limit is not None or self._started is not None):
+                err = BridgeTimeoutError(
                     f"group {self.group!r}, op {self.op} (collective #{self.seq}) did not complete within "
-                    f"{(limit and timeout.total_seconds()) or self._timeout_s + self._grace_s:.1f}s"
-                    f"{'' if started else ' (still queued behind an earlier collective)'}",
+                    f"{timeout.total_seconds() if limit is not None and deadline == limit else budget:.1f}s"
+                    f"{'' if self._started is not None else ' (still queued behind an earlier collective)'}",
                     op=self.op, seq=self.seq, group=self.group)
-            self._event.wait(min(left, 0.5))
+                if self._state is not None and (limit is None or deadline != limit):
+                    self._state.break_(err)  # the group's own bound passed: nothing later can be trusted
+                raise err
+            self._event.wait(max(0.0, min(left, 0.5)))
         if self._error is not None:
             raise self._error
         return True
@@ -123,6 +134,23 @@ class BridgeWork(dist._Work):
 
     def source_rank(self) -> int:
         return -1
+
+
+class GroupState:
+    """Whether a group is broken (after a failed or timed-out collective) and what to do then."""
+
+    def __init__(self, on_break: Optional[Callable[[BaseException], None]] = None):
+        self.broken: Optional[BaseException] = None
+        self._on_break = on_break
+        self._lock = threading.Lock()
+
+    def break_(self, err: BaseException) -> None:
+        with self._lock:
+            if self.broken is not None:
+                return
+            self.broken = err
+        if self._on_break is not None:
+            self._on_break(err)
 
 
 class Executor:

@@ -490,7 +490,9 @@ def subgroup_kinds(ranks: list) -> Optional[tuple]:
 # ---- faults ------------------------------------------------------------------------------------------
 def fault(point: str, action: str, victim: int, n: int, timeout_s: float, freeze_s: float = 0.0) -> dict:
     """On a fresh hetero group with `timeout_s`, rank `victim` dies or freezes at `point` inside its
-    second collective (#1); every rank reports the error it raised and how long the call took."""
+    second collective (#1); every rank reports the error it raised and how long the call took. A
+    frozen victim also queues a third collective (#2) behind the frozen one: its waiter must give up
+    as soon as the first one's waiter has broken the group."""
     import ccl_bridge
     from ccl_bridge import faults
     W = dist.get_world_size()
@@ -501,11 +503,25 @@ def fault(point: str, action: str, victim: int, n: int, timeout_s: float, freeze
         faults.arm(point, action, seconds=freeze_s)
     t0 = time.monotonic()
     try:
-        dist.all_reduce(x, group=pg)
+        if dist.get_rank() == victim and action == "freeze":
+            w1 = dist.all_reduce(x, group=pg, async_op=True)
+            w2 = dist.all_reduce(x.clone(), group=pg, async_op=True)
+            try:
+                w1.wait()
+            finally:
+                t1 = time.monotonic()
+                try:
+                    w2.wait()
+                    G["queued"] = {"error": None}
+                except ccl_bridge.BridgeCollectiveError as exc:
+                    G["queued"] = {"type": type(exc).__name__, "seq": exc.seq, "error": str(exc),
+                                   "seconds": time.monotonic() - t1}
+        else:
+            dist.all_reduce(x, group=pg)
         return {"error": None, "seconds": time.monotonic() - t0}
     except ccl_bridge.BridgeCollectiveError as exc:
         return {"error": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__, "op": exc.op, "seq": exc.seq,
-                "seconds": time.monotonic() - t0}
+                "seconds": time.monotonic() - t0, "queued": G.pop("queued", None)}
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__, "seconds": time.monotonic() - t0}
     finally:

@@ -53,6 +53,9 @@ def test_frozen_rank(pool, point, victim, n):
     # the frozen rank's own caller is bounded too: its waiter gives up at timeout + grace
     frozen = outcomes[victim].value
     assert frozen["type"] == "BridgeTimeoutError" and frozen["seconds"] <= TIMEOUT + GRACE + SLACK, frozen
+    # and a collective queued behind the stuck one gives up at once, naming itself (#2)
+    queued = frozen["queued"]
+    assert queued["type"] == "BridgePeerError" and queued["seq"] == 2 and queued["seconds"] < 1.0, queued
 
 
 def test_killed_rank(pool):
