@@ -64,7 +64,7 @@ class Progress:
         rate = step / elapsed if elapsed > 0 else float("nan")
         width = 30
         bar = "#" * (width * step // self.total) + "." * (width - width * step // self.total)
-        line = (f"  [{bar}] step {step:>{len(str(self.total))}}/{self.total}  loss {loss:.4f}  "
+        line = (f"  [{bar}] step {step:>{len(str(self.total))}}/{self.total}  avg loss {loss:.4f}  "
                 f"{rate:5.1f} steps/s  eta {max(0.0, (self.total - step) / rate):4.0f}s")
         if self.tty:
             print("\r" + line, end="\n" if step == self.total else "", flush=True)
@@ -84,7 +84,8 @@ def main(argv=None) -> int:
     if rank == 0:
         print(f"  process group: backend {dist.get_backend()!r}, {world} ranks; model "
               f"{CFG.num_params():,} parameters (hal.ops transformer: {CFG.layers} layers, dim {CFG.dim}); "
-              f"global batch {args.global_batch} x {CFG.seq} tokens; HalAdamW lr {args.lr}", flush=True)
+              f"global batch {args.global_batch} x {CFG.seq} tokens; HalAdamW lr {args.lr}\n"
+              f"  progress: loss averaged over all ranks and the steps since the previous line", flush=True)
 
     data = make_batches(CFG, args.steps, args.global_batch, DATA_SEED)
     model = wrap_ddp(build_model(CFG, MODEL_SEED), bucket_cap_mb=0.1)
