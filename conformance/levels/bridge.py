@@ -8,7 +8,8 @@ against the same golden results. The bridge emulates what a chip's CCL lacks, so
 must give the golden result, or be refused on every rank with `hal.NotSupportedError` (the typed
 refusal the bridge promises, e.g. AVG of integers); any other outcome fails. Skipped with
 "ccl_bridge not available" when the package is missing or has no `hetero` backend, and when the
-plugin's chip is `cpu` itself (no second chip kind to bridge to).
+plugin's chip is `cpu` itself (no second chip kind to bridge to); then only `bridge.hetero_group`
+is listed (skipped, with the reason).
 """
 from __future__ import annotations
 
@@ -97,14 +98,23 @@ def check_bridge_collective(ctx, collective: str, dtype: str, op) -> str:
     return f"{len(cases)} cases correct across the chips (sizes {list(SIZES)})"
 
 
+def _skipped(ctx, why: str) -> str:
+    raise CheckSkipped(why)
+
+
 check_hetero_group.worker_spec = bridge_spec
 check_bridge_collective.worker_spec = bridge_spec
 
 
 def discover(target: Target) -> list[Check]:
     t = max(60.0, 2 * target.group_timeout_s + 30)
-    checks = [Check("bridge.hetero_group", "bridge", "the plugin's chip and cpu form one hetero group",
-                    check_hetero_group, where="all", timeout=t)]
+    doc = "the plugin's chip and cpu form one hetero group"
+    available, why = _available()
+    if target.chip == "cpu" or not available:
+        # Skipped with the reason, decided here (no worker pool); the combinations are not listed.
+        why = why or "the plugin's chip is the cpu reference: there is no second chip kind to bridge to"
+        return [Check("bridge.hetero_group", "bridge", doc, _skipped, (why,), where="local")]
+    checks = [Check("bridge.hetero_group", "bridge", doc, check_hetero_group, where="all", timeout=t)]
     for coll in REDUCING:
         for d in ALL_DTYPES:
             for op in meaningful_ops(d):
