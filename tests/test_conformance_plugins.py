@@ -55,3 +55,16 @@ def test_vendor_plugin_passes_emulated(plugin, pool):
     report = run_suite(target, ["contract", "runtime", "ops", "errors", "collectives"], pool=pool)
     _assert_passes(report)
     assert report.summary["passed"] > 400
+
+
+def test_bridge_level_puts_the_vendor_chip_and_cpu_in_one_hetero_group(pool):
+    target = load_target("ascend", emulate=True, nproc=2, group_timeout_s=30)
+    report = run_suite(target, ["bridge"], ["bridge.hetero_group", "bridge.all_reduce.float32.*",
+                                            "bridge.all_reduce.int32.avg", "bridge.all_to_all_single.int64",
+                                            "bridge.broadcast.bfloat16"], pool=pool)
+    _assert_passes(report)
+    res = {r.id: r for r in report.results}
+    assert "HeteroProcessGroup" in res["bridge.hetero_group"].message
+    assert "'ascend'" in res["bridge.hetero_group"].message and "'cpu'" in res["bridge.hetero_group"].message
+    assert "cases correct across the chips" in res["bridge.all_reduce.float32.sum"].message
+    assert "NotSupportedError" in res["bridge.all_reduce.int32.avg"].message  # a typed refusal, not a wrong sum
