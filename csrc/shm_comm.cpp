@@ -170,12 +170,13 @@ std::string Comm::abort_reason() const {
   return std::string(hdr_->abort_msg, strnlen(hdr_->abort_msg, sizeof(hdr_->abort_msg)));
 }
 
-void Comm::abort(FailKind kind, const std::string& msg) {
+void Comm::abort(FailKind kind, const std::string& msg, int peer) {
   if (!hdr_) return;
   uint32_t expected = 0;
   if (hdr_->abort_flag.compare_exchange_strong(expected, 1)) {
     hdr_->abort_rank = rank_;
     hdr_->abort_kind = kind;
+    hdr_->abort_peer = peer;
     std::snprintf(hdr_->abort_msg, sizeof(hdr_->abort_msg), "%s", msg.c_str());
     hdr_->abort_flag.store(2, std::memory_order_release);
   }
@@ -207,13 +208,13 @@ std::string Comm::describe(const Desc& d) const {
 
 void Comm::fail(FailKind kind, const std::string& msg, int peer, const Desc* d) {
   const std::string full = (d ? describe(*d) + ": " : std::string()) + msg;
-  abort(kind, "rank " + std::to_string(rank_) + ": " + full);
+  abort(kind, "rank " + std::to_string(rank_) + ": " + full, peer);
   throw ShmFailure(kind, full, rank_, d ? op_name(d->op) : "", d ? d->seq : -1, peer);
 }
 
 void Comm::throw_aborted(const Desc* d) const {
-  const int by = hdr_->abort_rank;
-  const std::string reason = abort_reason();
+  const std::string reason = abort_reason();  // waits until the aborting rank wrote every field
+  const int by = hdr_->abort_peer >= 0 ? hdr_->abort_peer : hdr_->abort_rank;
   std::string msg = (d ? describe(*d) + ": " : std::string()) + "the group was aborted (" + reason + ")";
   FailKind kind = kAborted;
   // Same root cause as the rank that aborted, when it was a dead peer: raise the same type.

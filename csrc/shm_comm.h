@@ -74,7 +74,7 @@ class Comm {
   bool test(uint64_t id);   // finished (either way)?
 
   // Mark the group broken for every rank (first reason wins) and wake every sleeper.
-  void abort(FailKind kind, const std::string& msg);
+  void abort(FailKind kind, const std::string& msg, int peer = -1);
   bool aborted() const;
   std::string abort_reason() const;
   void close();

@@ -72,9 +72,10 @@ struct Header {
   uint64_t p2p_slots;       // slots per channel
   uint64_t total_bytes;
   alignas(64) std::atomic<uint32_t> abort_flag;
-  int32_t abort_rank;
+  int32_t abort_rank;  // who aborted
   int32_t abort_kind;
-  char abort_msg[480];
+  int32_t abort_peer;  // the rank at fault (dead, late, mismatched), -1 if none
+  char abort_msg[476];
   RankInfo ranks[kMaxRanks];
   Word phase[kMaxRanks];     // collective arrivals: rank r has finished phase `phase[r]`
   Word doorbell[kMaxRanks];  // point-to-point: "something changed for you"

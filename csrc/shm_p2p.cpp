@@ -34,7 +34,8 @@ uint64_t Comm::post(bool send, uintptr_t ptr, size_t nbytes, int peer, int tag) 
   if (aborted()) {
     const std::string reason = abort_reason();
     throw ShmFailure(kAborted, std::string("shm ") + what + " to/from rank " + std::to_string(peer) +
-                                   ": the group was aborted (" + reason + ")", rank_, what, -1, hdr_->abort_rank);
+                                   ": the group was aborted (" + reason + ")", rank_, what, -1,
+                     hdr_->abort_peer >= 0 ? hdr_->abort_peer : hdr_->abort_rank);
   }
   auto op = std::make_shared<P2POp>();
   op->id = next_id_++;
@@ -128,7 +129,7 @@ bool Comm::progress_locked() {
                         (unsigned long long)h->msg_bytes, cand->bytes);
           rq.erase(it);
           finish_locked(cand, 2, kMismatch, msg);
-          abort(kMismatch, std::string("rank ") + std::to_string(rank_) + ": " + msg);
+          abort(kMismatch, std::string("rank ") + std::to_string(rank_) + ": " + msg, src);
           return true;
         }
         rq.erase(it);
@@ -177,13 +178,13 @@ void Comm::check_p2p_failures_locked(uint64_t now) {
       const std::string msg = std::string(what) + ": rank " + std::to_string(op->peer) + " (pid " +
                               std::to_string(hdr_->ranks[op->peer].pid) + ") died";
       finish_locked(op, 2, kPeerDied, msg);
-      abort(kPeerDied, "rank " + std::to_string(rank_) + ": " + msg);
+      abort(kPeerDied, "rank " + std::to_string(rank_) + ": " + msg, op->peer);
     } else if (now - op->last_progress_ns > timeout_ns) {
       char msg[360];
       std::snprintf(msg, sizeof(msg), "%s: no progress within %.1f s (rank %d posted no matching %s)", what,
                     double(cfg_.timeout_ms) / 1000.0, op->peer, op->send ? "recv" : "send");
       finish_locked(op, 2, kTimeout, msg);
-      abort(kTimeout, std::string("rank ") + std::to_string(rank_) + ": " + msg);
+      abort(kTimeout, std::string("rank ") + std::to_string(rank_) + ": " + msg, op->peer);
     }
   }
 }

@@ -79,11 +79,12 @@ struct Bool {  // any non-zero byte is true; results are 0/1
   static HAL_INLINE uint8_t store(uint8_t a) { return a; }
 };
 
-// ---- ops. MAX/MIN propagate NaN as torch.maximum/minimum do. ----
+// ---- ops. MAX/MIN propagate NaN and, on ties (+0 vs -0), keep the first operand, as
+// torch.maximum/minimum do. ----
 struct Sum { template <class A> static HAL_INLINE A f(A a, A b) { return A(a + b); } };
 struct Prod { template <class A> static HAL_INLINE A f(A a, A b) { return A(a * b); } };
-struct Max { template <class A> static HAL_INLINE A f(A a, A b) { return (a > b || a != a) ? a : b; } };
-struct Min { template <class A> static HAL_INLINE A f(A a, A b) { return (a < b || a != a) ? a : b; } };
+struct Max { template <class A> static HAL_INLINE A f(A a, A b) { return (b > a || b != b) ? b : a; } };
+struct Min { template <class A> static HAL_INLINE A f(A a, A b) { return (b < a || b != b) ? b : a; } };
 struct Band { template <class A> static HAL_INLINE A f(A a, A b) { return A(a & b); } };
 struct Bor { template <class A> static HAL_INLINE A f(A a, A b) { return A(a | b); } };
 struct Bxor { template <class A> static HAL_INLINE A f(A a, A b) { return A(a ^ b); } };

@@ -25,7 +25,7 @@ from .host import all_on_one_host, describe_hosts, exchange_identities
 
 BACKEND_NAME = "shm"
 
-__all__ = ["BACKEND_NAME", "available", "create_shm_process_group", "ShmProcessGroup", "ShmError",
+__all__ = ["BACKEND_NAME", "available", "choose_fabric", "create_shm_process_group", "ShmProcessGroup", "ShmError",
            "ShmTimeoutError", "ShmPeerDiedError", "ShmMismatchError", "ShmAbortedError", "ShmSetupError",
            "ShmUnsupportedError"]
 
@@ -60,6 +60,20 @@ def create_shm_process_group(store: Any, rank: int, world_size: int, timeout: ti
     config = make_config(timeout, slot_bytes, p2p_slot_bytes, spin_us)
     comm = create_comm(store, rank, world_size, timeout, config)
     return ShmProcessGroup(comm, store, rank, world_size, timeout, config.slot_bytes)
+
+
+def choose_fabric(store: Any, rank: int, world_size: int, timeout: timedelta) -> tuple[str, str]:
+    """("shm" | "gloo", why): shm when every rank of the group is on one host (same kernel boot id,
+    same /dev/shm, same pid namespace: see `hal.shm.host`) and has the extension; gloo otherwise.
+    A collective over `store`: every rank gets the same answer."""
+    ok, why = available()
+    idents = exchange_identities(store, rank, world_size, timeout, extra={"shm_ok": ok, "shm_why": why})
+    missing = [r for r, i in enumerate(idents) if not i.get("shm_ok")]
+    if missing:
+        return "gloo", f"ranks {missing} cannot load the shm extension ({idents[missing[0]].get('shm_why')})"
+    if not all_on_one_host(idents):
+        return "gloo", f"the ranks span several hosts: {describe_hosts(idents)}"
+    return "shm", f"all {world_size} ranks on one host ({idents[0]['hostname']})"
 
 
 def _creator(store: Any, rank: int, world_size: int, timeout: timedelta) -> "ShmProcessGroup":

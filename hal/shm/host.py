@@ -44,9 +44,9 @@ def same_host_key(ident: dict[str, Any]) -> tuple:
 
 
 def exchange_identities(store: Any, rank: int, world_size: int, timeout: timedelta,
-                        prefix: str = "hal_shm_host") -> list[dict[str, Any]]:
-    """Every rank's `host_identity()`, in rank order (a collective over the store)."""
-    store.set(f"{prefix}/{rank}", json.dumps(host_identity()))
+                        prefix: str = "hal_shm_host", extra: dict | None = None) -> list[dict[str, Any]]:
+    """Every rank's `host_identity()` (plus `extra`), in rank order (a collective over the store)."""
+    store.set(f"{prefix}/{rank}", json.dumps({**host_identity(), **(extra or {})}))
     keys = [f"{prefix}/{r}" for r in range(world_size)]
     store.wait(keys, timeout)
     return [json.loads(store.get(k)) for k in keys]
