@@ -122,14 +122,6 @@ class WorkerContext:
         self.control().allreduce([t], opts).wait()
         return t.tolist()
 
-    def gather_objects(self, obj: Any) -> list:
-        """Every rank's `obj` (small, picklable), in rank order, over the control group's store."""
-        import pickle
-        store = _store()
-        key = _next_prefix("obj")
-        store.set(f"{key}/{self.rank}", pickle.dumps(obj))
-        return [pickle.loads(store.get(f"{key}/{r}")) for r in range(self.world_size)]
-
 
 def _bind(spec: WorkerSpec) -> WorkerContext:
     import hal

@@ -15,7 +15,7 @@ Also `collectives.process_group` (the group's rank/size and a barrier) and
 """
 from __future__ import annotations
 
-from ..checks import Check, CheckFailed, Passed
+from ..checks import Check, CheckFailed
 from ..target import Target
 from .collective_golden import ALL_DTYPES, meaningful_ops
 
