@@ -31,6 +31,11 @@ OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.
 
 
 # ---- setup --------------------------------------------------------------------------------------
+def topology(group_ranks: list) -> Optional[dict]:
+    pg = _group(group_ranks, None)[0]
+    return pg.fabric.topo.describe() if dist.get_rank() in group_ranks else None
+
+
 def setup(timeout_s: float = 30.0) -> dict:
     import ccl_bridge  # registers "hetero"
     if not dist.is_initialized():
@@ -227,7 +232,7 @@ def _c_all_reduce(pg, gl, W, me, k, dtype, op, n, seed, name, failures):
         dist.all_reduce(y, op=OPS[op], group=gl)
         _cmp(name + " vs gloo", x, y, tol2, failures)
         checks += 1
-    if _gloo_has("reduce", dtype, op):
+    if _gloo_has("reduce", dtype, op) and n <= 4096:  # large: reduce runs all_reduce's code, compared above
         y = x0.clone()
         dist.reduce(y, dst=dist.get_global_rank(gl, root), op=OPS[op], group=gl)
         if me == root:
@@ -403,9 +408,12 @@ def staging_reuse(n: int) -> dict:
     return {"before": before, "after": pg.fabric.scratch.allocations, "value": x[0].item(), "rs": out[0].item()}
 
 
-def routes() -> dict:
-    """Which emulation routes this rank's sub-cluster CCL took (e.g. Kunlun's MAX via gather_reduce)."""
-    pg = dist.group.WORLD
+def routes(group_ranks: Optional[list] = None) -> Optional[dict]:
+    """Which emulation routes this rank's sub-cluster CCL took in the group over `group_ranks`
+    (e.g. Kunlun's MAX via gather_reduce)."""
+    pg = _group(group_ranks, None)[0] if group_ranks is not None else dist.group.WORLD
+    if group_ranks is not None and dist.get_rank() not in group_ranks:
+        return None
     from hal.capabilities import dtype_name
     return {f"{c} {dtype_name(d)} {o or '-'}": r for (c, d, o), r in pg.fabric.intra._routes.items() if r != "native"}
 

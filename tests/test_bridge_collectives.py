@@ -1,14 +1,16 @@
 """The `hetero` bridge against flat gloo and exact references, on emulated mixed clusters.
 
-Sub-cluster shapes (4 ranks each, one WorkerPool per shape, module-scoped):
-  2+2   cuda:2,kunlun:2        Kunlun's XCCL declares only float SUM/all_gather/gather/send-recv, so its
-                               sub-cluster exercises nearly every emulation route (bits, widen, via_*,
-                               gather_reduce)
-  3+1   ascend:3,cuda:1        uneven: the lone cuda rank is home of every part and sits on 3 rails
-  2+1+1 cuda:2,ascend:1,kunlun:1
-Every collective x {float32, bfloat16, float16, int64} x every reduce op x sizes {1, 7, 4096, 1000003},
-plus float64/int8/uint8/int16/int32/bool (and BAND/BOR/BXOR) at sizes {7, 4096}. Settings make 4096
-elements take the rail path and 1000003 float32 travel as 4 pipelined chunks.
+One 6-rank WorkerPool (module-scoped): cuda:3 (ranks 0-2), kunlun:2 (3-4), ascend:1 (5), emulated. Its
+world is a 3+2+1 group; the required shapes are hetero subgroups of it:
+  2+2   ranks [0, 1, 3, 4]  cuda x2, kunlun x2: Kunlun's XCCL declares only float SUM, all_gather,
+                            gather and send/recv, so that sub-cluster exercises nearly every emulation
+                            route (bit carriers, widening, via_*, gather_reduce)
+  3+1   ranks [0, 1, 2, 5]  cuda x3, ascend x1: the lone ascend rank is home of every part, on 3 rails
+  2+1+1 ranks [0, 1, 3, 5]  cuda x2, kunlun x1, ascend x1
+For each shape: every collective x {float32, bfloat16, float16, int64} x every reduce op x sizes
+{1, 7, 4096, 1000003}, plus float64/int8/uint8/int16/int32/bool (and BAND/BOR/BXOR) at sizes
+{7, 4096}. Settings make 4096 elements take the rail path and 1000003 float32 travel as 4 pipelined
+chunks. Checks that do not depend on the shape run once, on the 3+2+1 world.
 """
 import pytest
 
@@ -16,8 +18,10 @@ from hal.testing import WorkerPool
 
 from . import _bridge_cases as cases
 
-SHAPES = {"2+2": "cuda:2,kunlun:2", "3+1": "ascend:3,cuda:1", "2+1+1": "cuda:2,ascend:1,kunlun:1"}
-ENV = {"HAL_CPU_CCL": "gloo", "HAL_BRIDGE_SMALL_BYTES": "4096", "HAL_BRIDGE_CHUNK_BYTES": str(1 << 20), "HAL_BRIDGE_PIPELINE_DEPTH": "2"}
+EMULATE = "cuda:3,kunlun:2,ascend:1"
+SHAPES = {"2+2": [0, 1, 3, 4], "3+1": [0, 1, 2, 5], "2+1+1": [0, 1, 3, 5]}
+ENV = {"HAL_EMULATE": EMULATE, "HAL_CPU_CCL": "gloo", "HAL_BRIDGE_SMALL_BYTES": "4096",
+       "HAL_BRIDGE_CHUNK_BYTES": str(1 << 20), "HAL_BRIDGE_PIPELINE_DEPTH": "2"}
 MAIN_DTYPES = ["float32", "bfloat16", "float16", "int64"]
 MORE_DTYPES = ["float64", "int8", "uint8", "int16", "int32", "bool"]
 REDUCE_OPS = ["sum", "avg", "max", "min", "product"]
@@ -26,60 +30,74 @@ SIZES = [1, 7, 4096, 1000003]
 SMALL_SIZES = [7, 4096]
 
 
-@pytest.fixture(scope="module", params=list(SHAPES))
-def pool(request):
-    emulate = SHAPES[request.param]
-    with WorkerPool(4, env=dict(ENV, HAL_EMULATE=emulate)) as p:
-        info = p.run(cases.setup, 60.0, timeout=120)
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool(6, env=ENV) as p:
+        info = p.run(cases.setup, 60.0, timeout=180)
         assert all(i["type"] == "HeteroProcessGroup" for i in info), info
-        p.shape = request.param
-        p.topology = info[0]["topology"]
+        p.world_topology = info[0]["topology"]
         yield p
 
 
-def _run(pool, coll, dtypes, ops, sizes, timeout=240, group_ranks=None, env=None, rail_mode=True):
+@pytest.fixture(params=list(SHAPES))
+def shape(request):
+    return request.param, SHAPES[request.param]
+
+
+def _run(pool, coll, dtypes, ops, sizes, group_ranks=None, env=None, rail_mode=True, timeout=300):
     results = pool.run(cases.matrix, coll, dtypes, ops, sizes, group_ranks, 1, env, timeout=timeout)
     assert all(r["rail_mode"] in (rail_mode, None) for r in results), results
     failures = [f"rank {r}: {f}" for r, res in enumerate(results) for f in res["failures"]]
-    assert not failures, f"{pool.shape}: {len(failures)} failures:\n" + "\n".join(failures[:20])
+    assert not failures, f"ranks {group_ranks}: {len(failures)} failures:\n" + "\n".join(failures[:20])
     return sum(res["checks"] for res in results)
 
 
-def test_topology_of_shape(pool):
-    sizes = [len(s["ranks"]) for s in pool.topology["subclusters"]]
-    assert "+".join(map(str, sizes)) == pool.shape
-    assert pool.topology["rail_mode"]
+def test_topology_of_shape(pool, shape):
+    name, ranks = shape
+    topo = pool.run(cases.topology, ranks)[ranks[0]]
+    assert "+".join(str(len(s["ranks"])) for s in topo["subclusters"]) == name and topo["rail_mode"]
+    world = pool.world_topology
+    assert [len(s["ranks"]) for s in world["subclusters"]] == [3, 2, 1] and world["parts"] == 6
 
 
 @pytest.mark.parametrize("family", ["all_reduce+reduce", "reduce_scatter"])
-def test_reductions_main_dtypes(pool, family):
-    checks = _run(pool, family, MAIN_DTYPES, REDUCE_OPS, SIZES)
-    # per rank: every (dtype, op, size) but AVG on int64 (refused, as torch's gloo refuses it), each
-    # with two hetero calls vs the exact reference (plus gloo comparisons where gloo has the op)
+def test_reductions_main_dtypes(pool, shape, family):
+    checks = _run(pool, family, MAIN_DTYPES, REDUCE_OPS, SIZES, group_ranks=shape[1])
+    # per member rank: every (dtype, op, size) but AVG on int64 (refused, as torch's gloo refuses it),
+    # each with two hetero calls vs the exact reference (plus gloo comparisons where gloo has the op)
     assert checks >= 4 * 2 * (4 * 5 * 4 - 4)
 
 
 @pytest.mark.parametrize("family", ["all_reduce+reduce", "reduce_scatter"])
-def test_reductions_more_dtypes(pool, family):
-    assert _run(pool, family, MORE_DTYPES, REDUCE_OPS + BIT_OPS, SMALL_SIZES) >= 4 * 2 * 2 * (2 * 4 + 4 * 7 + 5)
+def test_reductions_more_dtypes(pool, shape, family):
+    checks = _run(pool, family, MORE_DTYPES, REDUCE_OPS + BIT_OPS, SMALL_SIZES, group_ranks=shape[1])
+    assert checks >= 4 * 2 * 2 * (2 * 4 + 4 * 7 + 5)
 
 
 @pytest.mark.parametrize("family", ["broadcast", "all_gather", "all_to_all", "gather+scatter", "send_recv"])
-def test_data_movement(pool, family):
+def test_data_movement(pool, shape, family):
     sizes = SIZES if family in ("broadcast", "all_gather") else [1, 7, 4096]
-    checks = _run(pool, family, MAIN_DTYPES, ["sum"], sizes)
-    checks += _run(pool, family, MORE_DTYPES, ["sum"], [7])
+    checks = _run(pool, family, MAIN_DTYPES, ["sum"], sizes, group_ranks=shape[1])
+    checks += _run(pool, family, MORE_DTYPES, ["sum"], [7], group_ranks=shape[1])
     assert checks >= 4 * 2 * (4 * len(sizes) + 6)
 
 
+def test_world_3_plus_2_plus_1(pool):
+    """The pool's world itself (3+2+1, 6 parts), small and large."""
+    for family in ("all_reduce+reduce", "reduce_scatter", "all_gather", "broadcast"):
+        reducing = family in ("all_reduce+reduce", "reduce_scatter")
+        assert _run(pool, family, ["float32", "int64"] if reducing else ["float32"],
+                    ["sum", "max"] if reducing else ["sum"], [7, 1000003]) > 0
+
+
 def test_emulation_routes_were_taken(pool):
-    """The checks above went through the emulation routes where the chip lacks things (Kunlun)."""
-    routes = pool.run(cases.routes)
-    if pool.shape == "2+2":  # ranks 2, 3 are kunlun
-        r = routes[2]
-        assert r.get("all_reduce float32 max") == "gather_reduce", r
-        assert r.get("reduce_scatter_tensor float32 sum") == "via_all_reduce", r
-        assert r.get("all_gather_into_tensor int64 -", "").startswith("bits:"), r
+    """The 2+2 checks went through the emulation routes where the chip lacks things (Kunlun)."""
+    _run(pool, "all_reduce+reduce", ["float32", "int64"], ["sum", "max"], [4096], group_ranks=SHAPES["2+2"])
+    _run(pool, "reduce_scatter", ["float32"], ["sum"], [4096], group_ranks=SHAPES["2+2"])
+    r = pool.run(cases.routes, SHAPES["2+2"])[3]  # rank 3 is kunlun
+    assert r.get("all_reduce float32 max") == "gather_reduce", r
+    assert r.get("reduce_scatter_tensor float32 sum") == "via_all_reduce", r
+    assert r.get("all_gather_into_tensor int64 -", "").startswith("bits:"), r
 
 
 def test_barrier_and_async_order(pool):
@@ -91,7 +109,7 @@ def test_not_supported_is_typed_and_harmless(pool):
     for res in pool.run(cases.not_supported):
         assert res["avg_int64"].startswith("NotSupportedError") and "int64" in res["avg_int64"]
         assert res["band_float"].startswith("NotSupportedError")
-        assert res["after"] == [4.0] * 4
+        assert res["after"] == [6.0] * 4
 
 
 def test_premul_sum(pool):
@@ -102,7 +120,7 @@ def test_premul_sum(pool):
 def test_staging_is_reused(pool):
     for res in pool.run(cases.staging_reuse, 300001):
         assert res["after"] == res["before"], res
-        assert res["value"] == 4.0 ** 4 and res["rs"] == 4.0  # 1 warm-up + 3 all_reduces of ones
+        assert res["value"] == 6.0 ** 4 and res["rs"] == 6.0  # 1 warm-up + 3 all_reduces of ones
 
 
 def test_bf16_wire(pool):
@@ -112,14 +130,14 @@ def test_bf16_wire(pool):
 
 
 def test_subgroups(pool):
-    """A mixed subgroup runs the bridge; a one-chip subgroup passes through to the chip's group."""
-    mixed = [0, 2, 3]
-    assert _run(pool, "all_reduce+reduce", ["float32", "int64"], ["sum", "max"], [7, 4096], group_ranks=mixed) > 0
-    assert _run(pool, "all_gather", ["float32"], ["sum"], [7, 4096], group_ranks=mixed) > 0
+    """Mixed subgroups run the bridge (the shapes above are subgroups too); a one-chip subgroup
+    passes through to the chip's own group."""
     kinds = pool.run(cases.subgroup_kinds, [0, 1])
     assert kinds[0][0] != "HeteroProcessGroup" and kinds[0][1] == [3.0, 3.0]
-    kinds = pool.run(cases.subgroup_kinds, [1, 3])
-    assert kinds[1][0] == "HeteroProcessGroup" and kinds[3][1] == [6.0, 6.0]
+    kinds = pool.run(cases.subgroup_kinds, [3, 4])
+    assert kinds[3][0] != "HeteroProcessGroup" and kinds[4][1] == [9.0, 9.0]
+    kinds = pool.run(cases.subgroup_kinds, [2, 5])
+    assert kinds[2][0] == "HeteroProcessGroup" and kinds[5][1] == [9.0, 9.0]
 
 
 @pytest.mark.parametrize("family", ["all_reduce+reduce", "reduce_scatter", "all_gather", "broadcast"])
@@ -145,7 +163,7 @@ def test_debug_mode_names_both_shapes(pool):
         err = res["error"]
         assert err is not None and "rank 0: all_reduce float32 shape (4,)" in err, err
         assert "rank 1: all_reduce float32 shape (5,)" in err, err
-        assert res["after"] == 4.0
+        assert res["after"] == 6.0
 
 
 def test_settings_must_agree(pool):
