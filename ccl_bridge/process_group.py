@@ -60,7 +60,7 @@ class HeteroProcessGroup(dist.ProcessGroup):
         self._group_desc = ""
         self._state = GroupState(self._abort_inner)
         self._lock = threading.Lock()  # seq numbers and queue order must match (DDP calls from autograd threads)
-        self._executor = Executor(f"{fabric.rank}")
+        self._executor = Executor(f"{fabric.rank}", thread_init=fabric.sync.bind_thread)
         self._timeout_s = fabric.timeout.total_seconds()
 
     # ---- identity ---------------------------------------------------------------------------------

@@ -55,6 +55,14 @@ class DeviceSync:
     def __init__(self, accelerator: Any):
         self.native = accelerator is not None and not accelerator.emulated and accelerator.device.type != "cpu"
         self._acc = accelerator
+        # The current device is per thread: remember this rank's (LOCAL_RANK's) to set it on the
+        # bridge's own threads, whose default would be device 0.
+        self._index = accelerator.current_device_index() if self.native else None
+
+    def bind_thread(self) -> None:
+        """Make this rank's device current in the calling thread (the executor's)."""
+        if self.native:
+            self._acc.set_device_index(self._index)
 
     def host_ready(self) -> None:
         """Block until every copy issued so far on the current stream has landed."""

@@ -158,7 +158,8 @@ class Executor:
     jobs: a send/recv job only issues its inner op (returns a `Handle`), so a rank's later jobs are
     not held up by a peer that posts its matching op late; the finisher waits for it."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, thread_init: Optional[Callable[[], None]] = None):
+        self._init = thread_init
         self._q: "queue.Queue[Optional[tuple[Callable[[], Any], BridgeWork]]]" = queue.Queue()
         self._p2p: "queue.Queue[Optional[tuple[Handle, BridgeWork, Callable]]]" = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name=f"hetero-{name}", daemon=True)
@@ -172,7 +173,16 @@ class Executor:
         self._q.put((fn, work, on_error))
         return work
 
+    def _run_init(self) -> Optional[BaseException]:
+        try:
+            if self._init is not None:
+                self._init()
+        except Exception as exc:  # e.g. the device cannot be made current: every job reports it
+            return exc
+        return None
+
     def _loop(self) -> None:
+        init_error = self._run_init()
         while True:
             item = self._q.get()
             if item is None:
@@ -181,6 +191,8 @@ class Executor:
             fn, work, on_error = item
             work._mark_started()
             try:
+                if init_error is not None:
+                    raise init_error
                 res = fn()
             except BaseException as exc:
                 work._complete(on_error(exc))
@@ -191,6 +203,7 @@ class Executor:
                 work._complete()
 
     def _finish_loop(self) -> None:
+        self._run_init()  # a failure here already failed the jobs in _loop
         while True:
             item = self._p2p.get()
             if item is None:
