@@ -93,6 +93,10 @@ def build_fabric(store, rank: int, size: int, timeout: timedelta, topo: Topology
                                 f"{[granks[r] for r in rail.members]})", pos, len(rail.members), CPU, timeout)
     native = not acc.emulated and acc.device.type != "cpu"
     scratch = ScratchPool(pin=acc.pin_memory if native else None)
+    if native:  # pinned host staging, allocated once: a chunk's shard per pipeline slot (see allreduce)
+        for slot in range(config.pipeline_depth):
+            scratch.reserve(("host", ("rail", slot)), config.chunk_bytes // sc.size + 64 * topo.parts, CPU)
+        scratch.reserve(("host", "leader"), config.small_bytes, CPU)
     return Fabric(topo=topo, rank=rank, config=config, timeout=timeout, intra=intra, glob=glob, rails=rails,
                   scratch=scratch, sync=DeviceSync(acc), global_ranks=granks, inner_groups=inner)
 

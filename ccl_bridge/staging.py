@@ -1,8 +1,10 @@
 """Reusable buffers and host<->device copies for the bridge.
 
-`ScratchPool` hands out views of buffers kept per (slot, dtype, device). A buffer grows to the
+`ScratchPool` hands out typed views of byte buffers kept per (slot, device). A buffer grows to the
 largest request seen for its slot and is then reused, so steady-state collectives allocate nothing
-(`allocations` counts real allocations; the tests check it stays flat). Host buffers are pinned
+(`allocations` counts real allocations; the tests check it stays flat). For a native chip the
+rail path's host slots (one per pipeline stage in flight, a chunk's shard each) and the leader
+path's slot are reserved when the group is created. Host buffers are pinned
 (page-locked) when this rank's chip is a native accelerator, so device<->host copies run
 asynchronously on the copy engine; for an emulated chip (CPU tensors) the cross step reads the
 tensors where they are and no host copy is made at all.
@@ -20,25 +22,35 @@ import torch
 class ScratchPool:
     def __init__(self, pin: Optional[Any] = None):
         """`pin`: a callable returning a pinned copy of a host tensor (None: do not pin)."""
-        self._bufs: dict[tuple, torch.Tensor] = {}
+        self._bufs: dict[tuple, torch.Tensor] = {}  # (slot, device) -> uint8 buffer
         self._pin = pin
         self.allocations = 0
         self.bytes = 0
 
-    def get(self, slot: Any, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """A 1-D view of `numel` elements; contents are whatever the slot held before."""
-        key = (slot, dtype, device)
+    def reserve(self, slot: Any, nbytes: int, device: torch.device) -> None:
+        """Allocate `slot` up front (at group creation), so the first collectives allocate nothing."""
+        self._bytes(slot, nbytes, device)
+
+    def _bytes(self, slot: Any, nbytes: int, device: torch.device) -> torch.Tensor:
+        key = (slot, device)
         buf = self._bufs.get(key)
-        if buf is None or buf.numel() < numel:
+        if buf is None or buf.numel() < nbytes:
             old = buf.numel() if buf is not None else 0
-            size = max(numel, 2 * old) if old else numel
-            buf = torch.empty(size, dtype=dtype, device=device)
+            size = max(nbytes, 2 * old) if old else nbytes
+            size = -(-size // 64) * 64  # whole cache lines, and aligned for any dtype's view
+            buf = torch.empty(size, dtype=torch.uint8, device=device)
             if self._pin is not None and device.type == "cpu":
                 buf = self._pin(buf)
             self._bufs[key] = buf
             self.allocations += 1
-            self.bytes += (size - old) * buf.element_size()
-        return buf[:numel]
+            self.bytes += size - old
+        return buf
+
+    def get(self, slot: Any, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A 1-D `dtype` view of `numel` elements over the slot's bytes (any dtype shares the slot);
+        contents are whatever the slot held before."""
+        nbytes = numel * dtype.itemsize
+        return self._bytes(slot, nbytes, device)[:nbytes].view(dtype)
 
     def zeros(self, slot: Any, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         t = self.get(slot, numel, dtype, device)
