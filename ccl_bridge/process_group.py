@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
 from typing import Any, Callable, Optional, Sequence
 
 import torch

@@ -1,6 +1,5 @@
 """The bridge's pure parts, no processes: sub-clusters and rails (homes for uneven sizes), settings,
 reduce-op handling, the capability-driven route choice and the bit carriers."""
-import os
 
 import pytest
 import torch
