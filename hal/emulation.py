@@ -3,11 +3,14 @@
 `HAL_EMULATE` maps global ranks (torchrun order) to chips: `cuda:2,ascend:2` makes ranks 0-1 cuda and
 2-3 ascend; a bare name (`ascend`) makes every rank that chip. `HAL_EMULATE_DILATION=1` slows each
 emulated chip in wall time by the ratio of the fastest mapped chip's peak bf16 FLOP/s to its own
-(see `runtime.EmulatedRuntime`). `HAL_CPU_CCL` picks the CPU fabric (`gloo`, the default).
+(see `runtime.EmulatedRuntime`). `HAL_CPU_CCL` picks the CPU fabric: `auto` (the default) uses the
+shared-memory fabric (`hal.shm`) when every rank of the group is on one host and gloo otherwise;
+`shm` or `gloo` forces one.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from datetime import timedelta
@@ -20,6 +23,7 @@ import torch.distributed as dist
 from .capabilities import CapabilityMatrix
 from .errors import ChipSelectionError
 
+_log = logging.getLogger(__name__)
 _ITEM = re.compile(r"^([a-z][a-z0-9_]*)(?::(\d+))?$")
 
 
@@ -71,7 +75,11 @@ def chips_in_map(text: str) -> list[str]:
 @lru_cache(maxsize=None)
 def cpu_fabric_capabilities(backend: str = "gloo") -> CapabilityMatrix:
     """What the CPU fabric really supports, as measured by `python -m hal_cpu.measure_capabilities`
-    (the data file records the torch version it was measured with)."""
+    (the data file records the torch version it was measured with). For `auto`, what both fabrics
+    support, since the group may turn out to be either."""
+    if backend == "auto":
+        return cpu_fabric_capabilities("gloo").intersect(
+            cpu_fabric_capabilities("shm"), source="auto: measured gloo ∩ measured shm matrices")
     name = f"{backend}_capabilities.json"
     data = json.loads(resources.files("hal").joinpath("data", name).read_text())
     return CapabilityMatrix(chip="cpu", entries=frozenset(tuple(e) for e in data["entries"]),
@@ -85,10 +93,11 @@ def emulated_capabilities(vendor: CapabilityMatrix) -> CapabilityMatrix:
 
 
 def cpu_ccl() -> str:
-    """The CPU fabric selected by `HAL_CPU_CCL` (default gloo)."""
-    name = os.environ.get("HAL_CPU_CCL", "gloo").strip().lower() or "gloo"
-    if name not in ("gloo", "shm"):
-        raise ChipSelectionError(f"HAL_CPU_CCL={name!r}: expected 'gloo' or 'shm'")
+    """The CPU fabric selected by `HAL_CPU_CCL`: auto (default), shm or gloo."""
+    name = os.environ.get("HAL_CPU_CCL", "auto").strip().lower() or "auto"
+    if name not in ("auto", "gloo", "shm"):
+        raise ChipSelectionError(f"HAL_CPU_CCL={name!r}: expected 'gloo' or 'shm' (or 'auto', the default: "
+                                 f"shm when all ranks of a group are on one host, gloo otherwise)")
     return name
 
 
@@ -97,8 +106,15 @@ def create_cpu_process_group(store: dist.Store, rank: int, world_size: int,
     """The CPU fabric's group for `world_size` ranks, built straight from `store` (usable inside a
     backend creator, where no default group exists yet)."""
     backend = cpu_ccl()
-    if backend == "shm":
-        from .shm_fabric import create_shm_process_group  # the C++ shared-memory fabric
+    if backend == "auto":
+        from .shm import choose_fabric  # hosts compared through the store: see hal.shm.host
+        backend, why = choose_fabric(store, rank, world_size, timeout)
+        _log.info("HAL_CPU_CCL=auto: %s for %d ranks (%s)", backend, world_size, why)
+        if backend == "shm":
+            from .shm import create_shm_process_group
+            return create_shm_process_group(store, rank, world_size, timeout, check_host=False)
+    elif backend == "shm":
+        from .shm import create_shm_process_group  # the C++ shared-memory fabric
         return create_shm_process_group(store, rank, world_size, timeout)
     return dist.ProcessGroupGloo(store, rank, world_size, timeout)
 

@@ -200,8 +200,8 @@ def _reducing_case(shm, gloo, coll: str, dname: str, op: str, numel: int, with_g
 
 
 def _split_sizes(numel: int, n: int, src: int) -> list:
-    """Uneven: rank `src` sends numel + ((src + 2 * dst) % 3) elements to rank dst."""
-    return [numel + (src + 2 * dst) % 3 for dst in range(n)]
+    """Uneven: rank `src` sends numel + ((src + 2 * dst) % 3) elements to rank dst (none if numel is 0)."""
+    return [numel + (src + 2 * dst) % 3 if numel else 0 for dst in range(n)]
 
 
 def _moving_case(shm, gloo, coll: str, dname: str, numel: int, with_gloo: bool) -> str:
@@ -504,6 +504,12 @@ def test_barrier_and_gloo_fallbacks(pool):
     assert out[0][0] == sum(range(n))                      # reduce (gloo fallback) at root 0
     assert out[0][1] == [float(r) for r in range(n)]       # gather
     assert [o[2] for o in out] == [float(r * 10) for r in range(n)]  # scatter
+
+
+def test_empty_tensors(pool):
+    if pool.n != 2:
+        pytest.skip("one rank count is enough for empty tensors")
+    assert _matrix(pool, REDUCING + MOVING, [0], ["float32", "int64"], ["sum", "max"]) == 2 * (3 * 2 + 6)
 
 
 def test_errors_are_typed(pool):

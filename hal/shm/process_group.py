@@ -353,26 +353,42 @@ class ShmProcessGroup(dist.ProcessGroup):
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list,
                           input_split_sizes: list, opts: Any = None) -> dist.Work:
         op = "all_to_all_single"
+        if output.dtype != input.dtype:
+            raise ShmMismatchError(f"shm {op}: output is {output.dtype} but input is {input.dtype}",
+                                   rank=self._rank, op=op)
+        for t in (output, input):
+            self._cpu(t, op)
 
-        def split(t: torch.Tensor, sizes: list, what: str) -> list:
+        def layout(t: torch.Tensor, sizes: list, what: str) -> tuple[list, list]:
+            """Byte offsets and lengths of the per-rank blocks (split along dim 0, in rows)."""
             rows = t.shape[0] if t.dim() else t.numel()
             if not sizes:
                 if rows % self._size:
-                    raise ShmMismatchError(f"shm {op}: {what} has {rows} rows, not divisible by {self._size} ranks "
-                                           f"(give split sizes)", rank=self._rank, op=op)
+                    raise ShmMismatchError(f"shm {op}: {what} has {rows} rows, not divisible by {self._size} "
+                                           f"ranks (give split sizes)", rank=self._rank, op=op)
                 sizes = [rows // self._size] * self._size
-            if len(sizes) != self._size or sum(sizes) != rows:
-                raise ShmMismatchError(f"shm {op}: {what} split sizes {list(sizes)} must be {self._size} numbers "
-                                       f"summing to {rows}", rank=self._rank, op=op)
-            flat = t.reshape(rows, -1) if t.dim() else t.reshape(1, -1)
-            return list(flat.split(list(sizes)))
+            if len(sizes) != self._size or sum(sizes) != rows or min(sizes) < 0:
+                raise ShmMismatchError(f"shm {op}: {what} split sizes {list(sizes)} must be {self._size} "
+                                       f"non-negative numbers summing to {rows}", rank=self._rank, op=op)
+            row_bytes = (t.numel() // rows if rows else 0) * t.element_size()
+            offsets, lengths, at = [], [], 0
+            for k in sizes:
+                offsets.append(at)
+                lengths.append(k * row_bytes)
+                at += k * row_bytes
+            return offsets, lengths
 
-        out = self._contig(output)
-        self._alltoall(split(out, output_split_sizes, "output"), split(self._contig(input), input_split_sizes,
-                                                                         "input"), op)
+        out = output if output.is_contiguous() else output.contiguous()
+        src = input if input.is_contiguous() else input.contiguous()
+        out_off, out_len = layout(out, output_split_sizes, "output")
+        in_off, in_len = layout(src, input_split_sizes, "input")
+        ob, ib = out.data_ptr(), src.data_ptr()
+        self._seq += 1
+        self._comm.alltoall([ob + o for o in out_off], out_len, [ib + o for o in in_off], in_len,
+                            DTYPE_CODES.get(input.dtype, BYTES_CODE), self._seq)
         if out is not output:
             output.copy_(out)
-        return _done([output])
+        return _DoneWork([output])
 
     alltoall_base = all_to_all_single
 
