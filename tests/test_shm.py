@@ -369,6 +369,23 @@ def stalled_peer(timeout_s: float) -> dict:
     return out
 
 
+def unmatched_recv(timeout_s: float) -> dict:
+    """Rank 0 waits for a message rank 1 never sends: a typed timeout naming recv, peer and tag."""
+    from hal.shm import create_shm_process_group
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    pg = create_shm_process_group(_store("unmatched"), rank, world, timedelta(seconds=timeout_s))
+    out = {"type": None}
+    if rank == 0:
+        try:
+            pg.recv([torch.empty(100)], 1, 5).wait()
+        except Exception as exc:
+            out = {"type": type(exc).__name__, "msg": str(exc), "op": getattr(exc, "op", None),
+                   "peer": getattr(exc, "peer", None)}
+    time.sleep(0.2 if rank == 0 else timeout_s * 1.5)
+    pg.shutdown()
+    return out
+
+
 def mismatched_calls() -> dict:
     """Ranks disagree on the element count: every rank raises ShmMismatchError before moving data."""
     from hal.shm import create_shm_process_group
@@ -522,6 +539,9 @@ def test_errors_are_typed(pool):
     assert out[0]["first"] == "ShmTimeoutError" and out[0]["peer"] == 1 and out[0]["op"] == "all_reduce", out
     assert "rank 1 did not arrive within 1.0 s" in out[0]["msg"]
     assert out[1]["first"] == "ShmAbortedError" and "did not arrive" in out[1]["msg"], out
+    out = pool.run(unmatched_recv, 1.0, timeout=60)
+    assert out[0]["type"] == "ShmTimeoutError" and out[0]["op"] == "recv" and out[0]["peer"] == 1, out
+    assert "recv from rank 1 (tag 5" in out[0]["msg"] and "no progress within 1.0 s" in out[0]["msg"], out
 
 
 def test_selection(pool):
