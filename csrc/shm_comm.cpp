@@ -314,6 +314,7 @@ void Comm::check_descs(int parity) {
 // collectives
 
 void Comm::barrier(int64_t seq) {
+  std::lock_guard<std::mutex> serial(coll_mu_);
   const int par = next_parity();
   post_desc(par, kBarrier, kBytes, kNoOp, -1, 0, seq);
   arrive_and_wait(cur_);
@@ -321,6 +322,7 @@ void Comm::barrier(int64_t seq) {
 }
 
 void Comm::allreduce(uintptr_t ptr, size_t count, int32_t dtype, int32_t redop, int64_t seq) {
+  std::lock_guard<std::mutex> serial(coll_mu_);
   const size_t es = dtype_size(dtype);
   char* data = reinterpret_cast<char*>(ptr);
   const int n = world_;
@@ -377,6 +379,7 @@ void Comm::allreduce(uintptr_t ptr, size_t count, int32_t dtype, int32_t redop, 
 }
 
 void Comm::broadcast(uintptr_t ptr, size_t nbytes, int root, int32_t dtype, int64_t seq) {
+  std::lock_guard<std::mutex> serial(coll_mu_);
   if (root < 0 || root >= world_)
     throw ShmFailure(kMismatch, "shm broadcast: root " + std::to_string(root) + " is outside 0.." +
                                     std::to_string(world_ - 1), rank_, "broadcast", seq);
@@ -399,6 +402,7 @@ void Comm::broadcast(uintptr_t ptr, size_t nbytes, int root, int32_t dtype, int6
 }
 
 void Comm::allgather(const std::vector<uintptr_t>& outs, uintptr_t in, size_t nbytes, int32_t dtype, int64_t seq) {
+  std::lock_guard<std::mutex> serial(coll_mu_);
   if (int(outs.size()) != world_)
     throw ShmFailure(kMismatch, "shm all_gather: " + std::to_string(outs.size()) + " outputs for " +
                                     std::to_string(world_) + " ranks", rank_, "all_gather", seq);
@@ -429,6 +433,7 @@ void Comm::allgather(const std::vector<uintptr_t>& outs, uintptr_t in, size_t nb
 
 void Comm::reduce_scatter(uintptr_t out, const std::vector<uintptr_t>& ins, size_t count, int32_t dtype,
                           int32_t redop, int64_t seq) {
+  std::lock_guard<std::mutex> serial(coll_mu_);
   const int n = world_;
   if (int(ins.size()) != n)
     throw ShmFailure(kMismatch, "shm reduce_scatter: " + std::to_string(ins.size()) + " inputs for " +
@@ -468,6 +473,7 @@ void Comm::reduce_scatter(uintptr_t out, const std::vector<uintptr_t>& ins, size
 void Comm::alltoall(const std::vector<uintptr_t>& outs, const std::vector<int64_t>& out_bytes,
                     const std::vector<uintptr_t>& ins, const std::vector<int64_t>& in_bytes, int32_t dtype,
                     int64_t seq) {
+  std::lock_guard<std::mutex> serial(coll_mu_);
   const int n = world_;
   if (int(outs.size()) != n || int(ins.size()) != n || int(out_bytes.size()) != n || int(in_bytes.size()) != n)
     throw ShmFailure(kMismatch, "shm all_to_all: expected " + std::to_string(n) + " inputs and outputs", rank_,

@@ -114,6 +114,9 @@ class Comm {
   uint32_t phase_ = 0;
   Desc cur_{};
   bool closed_ = false;
+  // Serializes collectives issued from several threads of one process (e.g. DDP's autograd thread
+  // and the main thread): phases must not interleave. p2p has its own lock (mu_).
+  std::mutex coll_mu_;
 
   std::mutex mu_;
   std::condition_variable cv_;

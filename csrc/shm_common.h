@@ -79,7 +79,7 @@ struct Header {
   RankInfo ranks[kMaxRanks];
   Word phase[kMaxRanks];     // collective arrivals: rank r has finished phase `phase[r]`
   Word doorbell[kMaxRanks];  // point-to-point: "something changed for you"
-  Desc desc[2][kMaxRanks];   // indexed by phase parity (see Comm::begin_op)
+  Desc desc[2][kMaxRanks];   // indexed by phase parity (see Comm::post_desc)
   int64_t a2a_bytes[2][kMaxRanks][kMaxRanks];  // all_to_all: [parity][sender][receiver] bytes
 };
 
