@@ -28,7 +28,7 @@ EPILOG = """environment:
   HAL_CLUSTER=FILE.toml         take each rank's chip from a cluster spec
   HAL_PLUGINS=a,b               load exactly these plugins (entry-point names or modules)
   HAL_DISABLE_PLUGIN_AUTOLOAD=1 load no entry-point plugins
-  HAL_CPU_CCL=gloo|shm          CPU fabric for the cpu chip and emulated chips
+  HAL_CPU_CCL=auto|shm|gloo     CPU fabric for the cpu chip and emulated chips (auto: shm on one host)
 
 examples:
   hal info --json
