@@ -19,6 +19,7 @@ programs run), PREMUL_SUM, recv from any source, non-CPU tensors.
 from __future__ import annotations
 
 import atexit
+import threading
 import weakref
 from datetime import timedelta
 from typing import Any, Optional
@@ -80,7 +81,8 @@ class _P2PWork(dist.Work):
                 self._pg._comm.wait(self._id)
             finally:
                 self._finished = True
-                self._pg._inflight.pop(self._id, None)
+                with self._pg._p2p_lock:
+                    self._pg._inflight.pop(self._id, None)
             if self._copy_back is not None:
                 dst, tmp = self._copy_back
                 dst.copy_(tmp)
@@ -102,7 +104,9 @@ class ShmProcessGroup(dist.ProcessGroup):
         self._rank, self._size = rank, size
         self._seq = 0
         self._gloo: Optional[dist.ProcessGroup] = None
-        self._inflight: dict[int, list] = {}
+        self._inflight: dict[int, list] = {}  # p2p op id -> buffers kept alive until done
+        self._coll_lock = threading.Lock()
+        self._p2p_lock = threading.Lock()  # _inflight is touched by senders and by Work.wait()
         self._group_name = ""
         self._group_desc = ""
         _live.add(self)
@@ -137,9 +141,13 @@ class ShmProcessGroup(dist.ProcessGroup):
         return f"ShmProcessGroup(rank={self._rank}, size={self._size}, segment={self.segment_bytes} bytes)"
 
     # ---- helpers ----------------------------------------------------------------------------
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
+    def _issue(self, fn: Any, *args: Any) -> None:
+        """Call a collective of the C++ communicator with the next sequence number. The lock keeps
+        sequence order and fabric order the same when several threads of one process issue
+        collectives (the bridge's executor and the caller's thread, DDP's autograd thread)."""
+        with self._coll_lock:
+            self._seq += 1
+            fn(*args, self._seq)
 
     def _cpu(self, t: torch.Tensor, op: str) -> None:
         if t.device.type != "cpu":
@@ -189,8 +197,7 @@ class ShmProcessGroup(dist.ProcessGroup):
             self._cpu(t, "all_reduce")
         op = self._redop(opts, t, "all_reduce")
         buf = t if t.is_contiguous() else t.contiguous()
-        self._seq += 1
-        self._comm.allreduce(buf.data_ptr(), buf.numel(), DTYPE_CODES[t.dtype], op, self._seq)
+        self._issue(self._comm.allreduce, buf.data_ptr(), buf.numel(), DTYPE_CODES[t.dtype], op)
         if buf is not t:
             t.copy_(buf)
         return _DoneWork(tensors)
@@ -210,8 +217,8 @@ class ShmProcessGroup(dist.ProcessGroup):
         t = tensors[0]
         self._cpu(t, "broadcast")
         buf = self._contig(t)
-        self._comm.broadcast(buf.data_ptr(), buf.numel() * buf.element_size(), opts.rootRank,
-                             DTYPE_CODES.get(t.dtype, BYTES_CODE), self._next_seq())
+        self._issue(self._comm.broadcast, buf.data_ptr(), buf.numel() * buf.element_size(), opts.rootRank,
+                             DTYPE_CODES.get(t.dtype, BYTES_CODE))
         if buf is not t:
             t.copy_(buf)
         return _done(tensors)
@@ -230,8 +237,8 @@ class ShmProcessGroup(dist.ProcessGroup):
                                        f"{inp.dtype} x {inp.numel()}", rank=self._rank, op=op)
             self._cpu(o, op)
             bufs.append(self._contig(o))
-        self._comm.allgather([b.data_ptr() for b in bufs], src.data_ptr(), nbytes,
-                             DTYPE_CODES.get(inp.dtype, BYTES_CODE), self._next_seq())
+        self._issue(self._comm.allgather, [b.data_ptr() for b in bufs], src.data_ptr(), nbytes,
+                             DTYPE_CODES.get(inp.dtype, BYTES_CODE))
         for o, b in zip(outs, bufs):
             if b is not o:
                 o.copy_(b)
@@ -254,9 +261,8 @@ class ShmProcessGroup(dist.ProcessGroup):
         src = input if input.is_contiguous() else input.contiguous()
         nbytes = src.numel() * src.element_size()
         base = buf.data_ptr()
-        self._seq += 1
-        self._comm.allgather([base + r * nbytes for r in range(self._size)], src.data_ptr(), nbytes,
-                             DTYPE_CODES.get(input.dtype, BYTES_CODE), self._seq)
+        self._issue(self._comm.allgather, [base + r * nbytes for r in range(self._size)], src.data_ptr(), nbytes,
+                    DTYPE_CODES.get(input.dtype, BYTES_CODE))
         if buf is not output:
             output.copy_(buf)
         return _DoneWork([output])
@@ -284,8 +290,8 @@ class ShmProcessGroup(dist.ProcessGroup):
             self._cpu(i, op)
             srcs.append(self._contig(i))
         buf = self._contig(out)
-        self._comm.reduce_scatter(buf.data_ptr(), [s.data_ptr() for s in srcs], out.numel(),
-                                  DTYPE_CODES[out.dtype], code, self._next_seq())
+        self._issue(self._comm.reduce_scatter, buf.data_ptr(), [s.data_ptr() for s in srcs], out.numel(),
+                                  DTYPE_CODES[out.dtype], code)
         if buf is not out:
             out.copy_(buf)
 
@@ -312,9 +318,8 @@ class ShmProcessGroup(dist.ProcessGroup):
         buf = output if output.is_contiguous() else output.contiguous()
         nbytes = buf.numel() * buf.element_size()
         base = src.data_ptr()
-        self._seq += 1
-        self._comm.reduce_scatter(buf.data_ptr(), [base + r * nbytes for r in range(self._size)], buf.numel(),
-                                  DTYPE_CODES[output.dtype], code, self._seq)
+        self._issue(self._comm.reduce_scatter, buf.data_ptr(), [base + r * nbytes for r in range(self._size)],
+                    buf.numel(), DTYPE_CODES[output.dtype], code)
         if buf is not output:
             output.copy_(buf)
         return _DoneWork([output])
@@ -339,9 +344,9 @@ class ShmProcessGroup(dist.ProcessGroup):
                 raise ShmMismatchError(f"shm {op}: mixed dtypes {t.dtype} and {dtype}", rank=self._rank, op=op)
         src = [self._contig(t) for t in ins]
         dst = [self._contig(t) for t in outs]
-        self._comm.alltoall([t.data_ptr() for t in dst], [t.numel() * t.element_size() for t in dst],
+        self._issue(self._comm.alltoall, [t.data_ptr() for t in dst], [t.numel() * t.element_size() for t in dst],
                             [t.data_ptr() for t in src], [t.numel() * t.element_size() for t in src],
-                            DTYPE_CODES.get(dtype, BYTES_CODE), self._next_seq())
+                            DTYPE_CODES.get(dtype, BYTES_CODE))
         for o, b in zip(outs, dst):
             if b is not o:
                 o.copy_(b)
@@ -383,9 +388,8 @@ class ShmProcessGroup(dist.ProcessGroup):
         out_off, out_len = layout(out, output_split_sizes, "output")
         in_off, in_len = layout(src, input_split_sizes, "input")
         ob, ib = out.data_ptr(), src.data_ptr()
-        self._seq += 1
-        self._comm.alltoall([ob + o for o in out_off], out_len, [ib + o for o in in_off], in_len,
-                            DTYPE_CODES.get(input.dtype, BYTES_CODE), self._seq)
+        self._issue(self._comm.alltoall, [ob + o for o in out_off], out_len, [ib + o for o in in_off], in_len,
+                    DTYPE_CODES.get(input.dtype, BYTES_CODE))
         if out is not output:
             output.copy_(out)
         return _DoneWork([output])
@@ -393,13 +397,14 @@ class ShmProcessGroup(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        self._comm.barrier(self._next_seq())
+        self._issue(self._comm.barrier)
         return _done([])
 
     # ---- point to point ---------------------------------------------------------------------
     def _reap(self) -> None:
-        for op_id in [i for i in self._inflight if self._comm.test(i)]:
-            self._inflight.pop(op_id, None)
+        with self._p2p_lock:
+            for op_id in [i for i in self._inflight if self._comm.test(i)]:
+                self._inflight.pop(op_id, None)
 
     def send(self, tensors: list, dstRank: int, tag: int = 0) -> dist.Work:
         t = tensors[0]
@@ -407,7 +412,8 @@ class ShmProcessGroup(dist.ProcessGroup):
         buf = self._contig(t)
         self._reap()
         op_id = self._comm.post_send(buf.data_ptr(), buf.numel() * buf.element_size(), dstRank, tag)
-        self._inflight[op_id] = [buf]
+        with self._p2p_lock:
+            self._inflight[op_id] = [buf]
         return _P2PWork(self, op_id, tensors)
 
     def recv(self, tensors: list, srcRank: int, tag: int = 0) -> dist.Work:
@@ -416,7 +422,8 @@ class ShmProcessGroup(dist.ProcessGroup):
         buf = self._contig(t)
         self._reap()
         op_id = self._comm.post_recv(buf.data_ptr(), buf.numel() * buf.element_size(), srcRank, tag)
-        self._inflight[op_id] = [buf]
+        with self._p2p_lock:
+            self._inflight[op_id] = [buf]
         return _P2PWork(self, op_id, tensors, copy_back=(t, buf) if buf is not t else None)
 
     def recv_anysource(self, tensors: list, tag: int = 0) -> dist.Work:
