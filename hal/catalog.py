@@ -98,6 +98,31 @@ def default(chip: str) -> ChipProfile:
     return cat.entries[cat.default].profile
 
 
+def profile_for(chip: str, model: Optional[str], unknown_dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16"),
+                notes: str = "") -> ChipProfile:
+    """What a vendor plugin's `hal_chip_profile` returns: `model` None -> the default; a catalog key,
+    alias or device name (`NVIDIA H100 80GB HBM3`, `Ascend910B3`) -> that profile; anything else ->
+    `unknown_profile` (never invented figures)."""
+    if model is None:
+        return default(chip)
+    try:
+        return get(chip, model)
+    except UnknownChipError:  # UnknownModelError
+        return unknown_profile(chip, model, unknown_dtypes, notes)
+
+
+def unknown_profile(chip: str, model: str, dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16"),
+                    notes: str = "") -> ChipProfile:
+    """Every figure unknown for a model the catalog lacks; the conformance perf level measures them."""
+    from .chips import unknown
+    why = f"unknown model {model!r}: not in the HAL catalog; figures are measured later by the perf level"
+    return ChipProfile(
+        chip=chip, model=model, peak_flops={d: unknown("FLOP/s", why) for d in dtypes},
+        memory_bytes=unknown("B", why), memory_bandwidth=unknown("B/s", why),
+        intra_node_bandwidth=unknown("B/s", why), nic_bandwidth=unknown("B/s", why),
+        notes=why + (f"; {notes}" if notes else ""))
+
+
 def default_key(chip: str) -> str:
     return _chip(chip).default
 

@@ -10,7 +10,6 @@ import math
 from typing import Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 
 
 def _acc(t: torch.Tensor) -> torch.Tensor:

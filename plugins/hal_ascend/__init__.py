@@ -18,7 +18,6 @@ import hal
 from . import kernels
 from .hccl import apply_hccl_timeouts, create_hccl_process_group, hccl_capabilities, hccl_timeout_env
 from .probe import probe
-from .profile import chip_profile
 from .runtime import NpuRuntime
 
 __version__ = "0.1.0"
@@ -47,7 +46,8 @@ def hal_native_available(chip):
 
 @hal.hookimpl
 def hal_chip_profile(chip, model):
-    return chip_profile(chip, model)
+    from hal import catalog  # imported at first use so that importing the plugin stays cheap
+    return catalog.profile_for(chip, model, ("float32", "bfloat16", "float16", "int8"))
 
 
 @hal.hookimpl

@@ -23,11 +23,10 @@ import re
 from typing import Any, Callable, Optional
 
 import torch
-import torch.nn.functional as F
-from torch.optim.adamw import adamw as _torch_adamw
 
 import hal
 from hal.ops import reference
+from hal.ops.torch_kernels import torch_kernels
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 # npu_rms_norm (self, gamma) dtype pairs per product family (npu_rms_norm.md).
@@ -154,42 +153,6 @@ def make_swiglu(npu: Any) -> Callable:
     return swiglu
 
 
-@torch.no_grad()
-def adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay):
-    # torch's fused AdamW: op-plugin registers `_fused_adamw_` for NPU (op_plugin_functions.yaml),
-    # one pass per tensor with float32 math for 16-bit tensors like the reference (the foreach path
-    # would compute in float16 and overflow). Strided views keep the reference.
-    if step < 1:
-        raise ValueError(f"adamw_step: step counts from 1, got {step}")
-    params = list(params)
-    if not params:
-        return
-    if not all(t.is_contiguous() for ts in (params, grads, exp_avgs, exp_avg_sqs) for t in ts):
-        return reference.adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps,
-                                    weight_decay)
-    counters = torch.full((len(params),), float(step - 1), dtype=torch.float32, device=params[0].device)
-    _torch_adamw(params, list(grads), list(exp_avgs), list(exp_avg_sqs), [], list(counters.unbind(0)),
-                 fused=True, amsgrad=False, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay,
-                 eps=eps, maximize=False)
-
-
-def _layer_norm(x, weight, bias, eps=1e-5):
-    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
-
-
-def _softmax(x, dim=-1):
-    return torch.softmax(x, dim, dtype=torch.promote_types(x.dtype, torch.float32)).to(x.dtype)
-
-
-def _cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
-    acc = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    if reduction != "mean":
-        return F.cross_entropy(acc, target, ignore_index=ignore_index, reduction=reduction).to(logits.dtype)
-    # torch's mean over zero kept targets is 0/0 = NaN; the HAL's (the reference's) is 0.
-    total = F.cross_entropy(acc, target, ignore_index=ignore_index, reduction="sum")
-    return (total / (target != ignore_index).sum().clamp(min=1)).to(logits.dtype)
-
-
 def op_kernels(npu: Any, device_name: str, priority: int = 10) -> list[hal.OpKernel]:
     """Kernels for the product `device_name` names; fused ones only where the docs list the product."""
     family = product_family(device_name)
@@ -200,9 +163,7 @@ def op_kernels(npu: Any, device_name: str, priority: int = 10) -> list[hal.OpKer
         out.append(("rotary_embedding", make_rotary(npu), "torch_npu.npu_rotary_mul"))
     if family == "A2":  # npu_swiglu: Atlas A2 per its doc
         out.append(("swiglu", make_swiglu(npu), "torch_npu.npu_swiglu"))
-    out += [("adamw_step", adamw_step, "torch.optim.adamw(fused=True)"),
-            ("layer_norm", _layer_norm, "torch.layer_norm"), ("softmax", _softmax, "torch.softmax"),
-            ("gelu", lambda x, approximate="none": F.gelu(x, approximate=approximate), "torch.gelu"),
-            ("silu", F.silu, "torch.silu"), ("cross_entropy", _cross_entropy, "torch.cross_entropy"),
-            ("embedding", F.embedding, "torch.embedding"), ("linear", F.linear, "torch.linear")]
-    return [hal.OpKernel(op, fn, priority=priority, name=label) for op, fn, label in out]
+    fused = [hal.OpKernel(op, fn, priority=priority, name=label) for op, fn, label in out]
+    # The rest: torch's own ops, which torch_npu dispatches to NPU kernels (shared with the other plugins).
+    return fused + torch_kernels(priority, ("adamw_step", "layer_norm", "softmax", "gelu", "silu",
+                                            "cross_entropy", "embedding", "linear"))

@@ -16,7 +16,6 @@ import hal
 from . import kernels
 from .nccl import create_nccl_process_group, nccl_capabilities, nccl_version
 from .probe import probe
-from .profile import chip_profile
 from .runtime import CudaRuntime
 
 __version__ = "0.1.0"
@@ -45,7 +44,8 @@ def hal_native_available(chip):
 
 @hal.hookimpl
 def hal_chip_profile(chip, model):
-    return chip_profile(chip, model)
+    from hal import catalog  # imported at first use so that importing the plugin stays cheap
+    return catalog.profile_for(chip, model, ("float32", "tf32", "bfloat16", "float16"))
 
 
 @hal.hookimpl

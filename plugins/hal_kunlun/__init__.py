@@ -17,7 +17,6 @@ import hal
 
 from . import kernels
 from .probe import probe
-from .profile import chip_profile
 from .runtime import KunlunRuntime
 from .xccl import create_xccl_process_group, xccl_capabilities
 
@@ -49,7 +48,8 @@ def hal_native_available(chip):
 
 @hal.hookimpl
 def hal_chip_profile(chip, model):
-    prof = chip_profile(chip, model)
+    from hal import catalog  # imported at first use so that importing the plugin stays cheap
+    prof = catalog.profile_for(chip, model, ("float32", "bfloat16", "float16", "int8"))
     if model is not None and LAST_PROBE is not None and LAST_PROBE.get("native"):
         found = {k: LAST_PROBE.get(k) for k in ("adapter_version", "device_names", "XPU_VISIBLE_DEVICES",
                                                 "CUDA_VISIBLE_DEVICES")}
