@@ -17,8 +17,7 @@ import importlib.util
 
 from ..checks import Check, CheckFailed, CheckSkipped
 from ..target import Target, WorkerSpec
-from .collective_golden import ALL_DTYPES, meaningful_ops
-from .collectives import MOVING, REDUCING, SIZES, _attempt, _cases
+from .collectives import SIZES, _attempt, _cases, combinations
 
 
 def bridge_spec(target: Target) -> WorkerSpec:
@@ -115,15 +114,9 @@ def discover(target: Target) -> list[Check]:
         why = why or "the plugin's chip is the cpu reference: there is no second chip kind to bridge to"
         return [Check("bridge.hetero_group", "bridge", doc, _skipped, (why,), where="local")]
     checks = [Check("bridge.hetero_group", "bridge", doc, check_hetero_group, where="all", timeout=t)]
-    for coll in REDUCING:
-        for d in ALL_DTYPES:
-            for op in meaningful_ops(d):
-                checks.append(Check(f"bridge.{coll}.{d}.{op}", "bridge",
-                                    f"{coll} of {d} with {op} across chips: golden result or typed refusal",
-                                    check_bridge_collective, (coll, d, op), where="all", timeout=t))
-    for coll in MOVING:
-        for d in ALL_DTYPES:
-            checks.append(Check(f"bridge.{coll}.{d}", "bridge",
-                                f"{coll} of {d} across chips: bit-exact or typed refusal",
-                                check_bridge_collective, (coll, d, None), where="all", timeout=t))
+    for suffix, coll, d, op in combinations():
+        what = (f"{coll} of {d} with {op} across chips: golden result or typed refusal" if op else
+                f"{coll} of {d} across chips: bit-exact or typed refusal")
+        checks.append(Check(f"bridge.{suffix}", "bridge", what, check_bridge_collective, (coll, d, op),
+                            where="all", timeout=t))
     return checks

@@ -25,6 +25,18 @@ MOVING = ("broadcast", "all_gather", "all_gather_into_tensor", "all_to_all", "al
           "scatter", "send_recv")
 
 
+def combinations():
+    """(check-id suffix, collective, dtype, reduce op or None) for every collective the suite checks:
+    reducing ones with each reduce op that is meaningful for the dtype, data-moving ones once."""
+    for coll in REDUCING:
+        for d in ALL_DTYPES:
+            for op in meaningful_ops(d):
+                yield f"{coll}.{d}.{op}", coll, d, op
+    for coll in MOVING:
+        for d in ALL_DTYPES:
+            yield f"{coll}.{d}", coll, d, None
+
+
 def _cases(collective: str, dtype: str, op, world: int, sizes=SIZES):
     from .collective_calls import ROOTED, Case
     out = []
@@ -158,17 +170,11 @@ def discover(target: Target) -> list[Check]:
               "after an async collective's work.wait() returns, the output holds the result",
               check_async_wait, where="all", timeout=t),
     ]
-    for coll in REDUCING:
-        for d in ALL_DTYPES:
-            for op in meaningful_ops(d):
-                checks.append(Check(f"collectives.{coll}.{d}.{op}", "collectives",
-                                    f"{coll} of {d} with {op}: golden result if declared, refusal if not",
-                                    check_collective, (coll, d, op), where="all", timeout=t))
-    for coll in MOVING:
-        for d in ALL_DTYPES:
-            checks.append(Check(f"collectives.{coll}.{d}", "collectives",
-                                f"{coll} of {d}: bit-exact if declared, refusal if not",
-                                check_collective, (coll, d, None), where="all", timeout=t))
+    for suffix, coll, d, op in combinations():
+        what = (f"{coll} of {d} with {op}: golden result if declared, refusal if not" if op else
+                f"{coll} of {d}: bit-exact if declared, refusal if not")
+        checks.append(Check(f"collectives.{suffix}", "collectives", what, check_collective, (coll, d, op),
+                            where="all", timeout=t))
     checks.append(Check("collectives.barrier", "collectives", "barrier completes on every rank",
                         check_barrier, where="all", timeout=t))
     return checks

@@ -20,7 +20,7 @@ def assemble(ctx: LocalContext) -> EfficiencyMatrix:
     if not ran:
         raise CheckSkipped("no perf measurement was selected in this run")
     if not passed:
-        raise CheckFailed(f"no perf measurement produced figures: "
+        raise CheckFailed("no perf measurement produced figures: "
                           + "; ".join(f"{cid} {r.status}: {r.message}" for cid, r in ran.items()))
     meta, fields, ccl = {}, {"matmul": [], "memory_bandwidth": [], "collectives": []}, "not measured"
     for cid, r in passed.items():
