@@ -10,7 +10,8 @@ How it works (full reference: docs/bridge.md; each module's docstring has its pa
   (pass-through). Otherwise: the sub-cluster's CCL from `hal.accelerator().new_process_group`
   (the vendor group natively, the CPU fabric for an emulated chip), a gloo group per rail and one
   global gloo group, all with the group's timeout.
-- `topology`: rails and homes. A message is cut into lcm(sub-cluster sizes) parts; index i of a
+- `topology`: rails and homes, from `hal.topology` (one definition). A message is cut into
+  lcm(sub-cluster sizes) parts; index i of a
   sub-cluster is home of its share of parts, and each part's homes form its rail, so uneven shapes
   (3+1, 2+1+1) have a defined home for every part and every rank forwards only its share.
 - `allreduce`: large messages take the rail path (intra reduce-scatter -> pinned host staging ->

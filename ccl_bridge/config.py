@@ -20,6 +20,8 @@ import os
 from dataclasses import asdict, dataclass, replace
 from typing import Mapping, Optional
 
+from hal.topology import DEFAULT_MAX_PARTS
+
 from .errors import BridgeConfigError
 
 _TRUE = ("1", "true", "yes", "on")
@@ -34,7 +36,7 @@ class BridgeConfig:
     wire_dtype: Optional[str] = None  # None or "bfloat16"
     debug: bool = False
     grace_s: float = 5.0
-    max_parts: int = 256
+    max_parts: int = DEFAULT_MAX_PARTS
     force_staging: bool = False
 
     def __post_init__(self) -> None:

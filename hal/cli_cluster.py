@@ -1,14 +1,17 @@
-"""Show a cluster spec: world size, each sub-cluster's chip, ranks and nodes, and its link figures.
+"""Show a cluster spec: world size, each sub-cluster's chip, ranks and nodes, its link figures, and
+the bridge's rails, all from `hal.topology.Topology` (the one topology the bridge also runs).
 
     hal cluster show examples/clusters/h800-910b-32.toml [--json]
 
-Link figures are the spec's overrides, else the catalog profile's (marked `catalog`), else unknown.
-Chip names are checked against the chips the discovered plugins provide.
+Link figures are the spec's overrides (`spec`), else the catalog profile's (`catalog`), else a stated
+default (`default`; see hal.topology). Chip names are checked against the chips the discovered
+plugins provide.
 """
 from __future__ import annotations
 
 import argparse
-from typing import Optional
+
+from .topology import Link
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,53 +21,54 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     show.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
-def _links(chip: str, model: Optional[str], intra: Optional[float], nic: Optional[float]) -> dict:
-    from . import catalog
-    prof = None
-    if chip in catalog.chips():
-        prof = catalog.get(chip, model) if model else catalog.default(chip)
-    out = {}
-    for name, override, fig in (("intra_bandwidth", intra, prof.intra_node_bandwidth if prof else None),
-                                ("nic_bandwidth", nic, prof.nic_bandwidth if prof else None)):
-        if override is not None:
-            out[name] = {"value": override, "from": "spec"}
-        elif fig is not None and fig.known:
-            out[name] = {"value": fig.value, "from": f"catalog {prof.model}"}
-        else:
-            out[name] = {"value": None, "from": "unknown"}
-    return out
+def _rate(link: Link) -> str:
+    return f"{link.bytes_per_s / 1e9:g} GB/s ({link.source.split(':')[0]})"
 
 
-def _rate(v: Optional[float]) -> str:
-    return "unknown" if v is None else f"{v / 1e9:g} GB/s"
+def _rails_line(topo) -> str:
+    lay = topo.layout
+    n = len(lay.rails)
+    if lay.k == 1:
+        return "0 rails (one chip kind: no bridge)"
+    if not lay.rail_mode:
+        return f"1 rail (leader-only: {lay.parts} parts > max_parts; large collectives take leader paths)"
+    return f"{n} rail(s)"
 
 
 def run(args: argparse.Namespace) -> int:
     from .cluster import load_cluster_spec
     from .plugin_manager import get_plugin_manager
     spec = load_cluster_spec(args.file, pm=get_plugin_manager())
-    rows = []
-    for s in spec.sub_clusters:
-        ranks = spec.ranks_of(s.name)
-        first, last = ranks[0], ranks[-1]
-        a, b = spec.assignment(first), spec.assignment(last)
-        rows.append(dict(s.model_dump(), ranks=[first, last], node_range=[a.node, b.node],
-                         links=_links(s.chip, s.model, s.intra_bandwidth, s.nic_bandwidth)))
+    topo = spec.topology()
+    by_name = {s.name: s for s in spec.sub_clusters}
     if args.json:
         from .cli import print_json
-        print_json({"name": spec.name, "file": spec.source, "world_size": spec.world_size,
-                    "nodes": spec.num_nodes, "sub_clusters": rows, "rails": len(spec.rails())})
+        rows = []
+        for s in topo.sub_clusters:
+            d = s.describe()
+            d.update(ranks_per_node=by_name[s.name].ranks_per_node, colocate=by_name[s.name].colocate,
+                     node_range=[s.node_ids[0], s.node_ids[-1]])
+            rows.append(d)
+        print_json({"name": spec.name, "file": spec.source, "world_size": topo.world_size,
+                    "nodes": topo.num_nodes, "sub_clusters": rows, "parts": topo.layout.parts,
+                    "rail_mode": topo.layout.rail_mode, "rails": topo.rails})
         return 0
-    print(f"cluster {spec.name or '(unnamed)'} from {spec.source}: world size {spec.world_size}, "
-          f"{spec.num_nodes} node(s), {len(spec.rails())} rail(s)")
+    print(f"cluster {spec.name or '(unnamed)'} from {spec.source}: world size {topo.world_size}, "
+          f"{topo.num_nodes} node(s), {_rails_line(topo)}")
     print(f"  {'sub-cluster':<14} {'chip':<8} {'model':<8} {'ranks':<11} {'nodes':<9} {'x ranks':<8} "
           f"{'mode':<9} {'intra':<22} nic")
-    for r in rows:
-        links = r["links"]
-        intra = f"{_rate(links['intra_bandwidth']['value'])} ({links['intra_bandwidth']['from'].split()[0]})"
-        nic = f"{_rate(links['nic_bandwidth']['value'])} ({links['nic_bandwidth']['from'].split()[0]})"
-        ranks = f"{r['ranks'][0]}-{r['ranks'][1]}"
-        nodes = f"{r['node_range'][0]}-{r['node_range'][1]}"
-        print(f"  {r['name']:<14} {r['chip']:<8} {r['model'] or '-':<8} {ranks:<11} {nodes:<9} {r['ranks_per_node']:<8} "
-              f"{'EMULATED' if r['emulate'] else 'native':<9} {intra:<22} {nic}")
+    for s in topo.sub_clusters:
+        ranks = f"{s.ranks[0]}-{s.ranks[-1]}"
+        nodes = f"{s.node_ids[0]}-{s.node_ids[-1]}"
+        print(f"  {s.name:<14} {s.chip:<8} {s.model or '-':<8} {ranks:<11} {nodes:<9} "
+              f"{by_name[s.name].ranks_per_node:<8} {'EMULATED' if s.emulated else 'native':<9} "
+              f"{_rate(s.intra_bandwidth):<22} {_rate(s.nic_bandwidth)}")
+    if topo.layout.k > 1:
+        shown = topo.rails[:4]
+        more = f" ... ({len(topo.rails) - 4} more)" if len(topo.rails) > 4 else ""
+        print(f"  rails: {'; '.join(str(r) for r in shown)}{more}; rail 0 {_rate(topo.rail_bandwidth(0))}")
+    for s in topo.sub_clusters:
+        for link, what in ((s.intra_bandwidth, "intra"), (s.nic_bandwidth, "nic")):
+            if link.source.startswith("default"):
+                print(f"  note: {s.name} {what} bandwidth is a {link.source}; set it in the spec")
     return 0

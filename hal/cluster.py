@@ -92,7 +92,7 @@ class RankAssignment:
     emulated: bool
     model: Optional[str]
     sub_cluster: str        # the sub-cluster's name
-    local_index: int        # index of this rank inside its sub-cluster (its rail)
+    local_index: int        # index of this rank inside its sub-cluster
     node: int               # global node index (torchrun node_rank)
     local_rank: int         # index on its node (torchrun LOCAL_RANK)
 
@@ -166,18 +166,15 @@ class ClusterSpec(BaseModel):
                 next_node += s.nodes
         return out
 
+    def topology(self, max_parts: Optional[int] = None):
+        """This cluster's `hal.topology.Topology` (sub-clusters, nodes, rails, link figures)."""
+        from .topology import DEFAULT_MAX_PARTS, Topology
+        return Topology.from_spec(self, DEFAULT_MAX_PARTS if max_parts is None else max_parts)
+
     def rails(self) -> list[list[int]]:
-        """Rail i = the global ranks whose index inside their sub-cluster is i (the bridge moves data
-        between sub-clusters along rails). Uneven sub-clusters give shorter rails past the smaller
-        sizes: with 3+1 ranks, rail 0 = [0, 3], rails 1 and 2 hold one rank each."""
-        longest = max(s.world_size for s in self.sub_clusters)
-        rails: list[list[int]] = [[] for _ in range(longest)]
-        start = 0
-        for s in self.sub_clusters:
-            for i in range(s.world_size):
-                rails[i].append(start + i)
-            start += s.world_size
-        return rails
+        """The bridge's rails over this cluster (global ranks), from `hal.topology`: with 3+1 ranks
+        [[0, 3], [1, 3], [2, 3]] (the lone rank is home of every part and sits on every rail)."""
+        return self.topology().rails
 
     def describe(self) -> dict:
         return {"name": self.name, "source": self.source, "world_size": self.world_size,

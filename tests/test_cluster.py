@@ -57,7 +57,8 @@ def test_uneven_rails():
     spec = parse_cluster_spec(SPEC.format(rpn=3, extra="").replace("nodes = 2\n", "nodes = 1\n")
                               .replace('ranks_per_node = 2\n', 'ranks_per_node = 1\n', 1), "u.toml")
     assert [s.world_size for s in spec.sub_clusters] == [1, 3]
-    assert spec.rails() == [[0, 1], [2], [3]]
+    # the bridge's rails (hal.topology): the lone rank 0 is home of every part, on every rail
+    assert spec.rails() == [[0, 1], [0, 2], [0, 3]]
 
 
 def test_rank_outside_world():
@@ -193,7 +194,9 @@ def test_cli_cluster_show(capsys):
         text = capsys.readouterr().out
         assert "world size 32, 4 node(s), 16 rail(s)" in text
         assert "h800" in text and "0-15" in text and "16-31" in text
-        assert "200 GB/s (catalog)" in text and "50 GB/s (spec)" in text and "unknown (unknown)" in text
+        assert "200 GB/s (catalog)" in text and "50 GB/s (spec)" in text and "25 GB/s (default)" in text
+        assert "note: ascend-910b intra bandwidth is a default" in text
+        assert "rails: [0, 16]; [1, 17]; [2, 18]; [3, 19] ... (12 more)" in text
         assert cli.main(["cluster", "show", str(EXAMPLES / "three-vendor-1024.toml")]) == 2
         assert "sub_clusters[2].chip = 'kunlun': no registered plugin provides this chip" in capsys.readouterr().err
     finally:
