@@ -116,7 +116,10 @@ def create_cpu_process_group(store: dist.Store, rank: int, world_size: int,
     elif backend == "shm":
         from .shm import create_shm_process_group  # the C++ shared-memory fabric
         return create_shm_process_group(store, rank, world_size, timeout)
-    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    # gloo with non-contiguous tensors staged through contiguous copies: torch 2.13's gloo ignores
+    # strides in broadcast/all_reduce/reduce/scatter (pytorch/pytorch#192920; see hal.gloo_group).
+    from .gloo_group import StridedSafeGloo
+    return StridedSafeGloo(store, rank, world_size, timeout)
 
 
 def dilation_for(chip_peak: Optional[float], peers_peak: list[Optional[float]]) -> float:

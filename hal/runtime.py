@@ -1,8 +1,13 @@
 """The per-chip device runtime: the small surface a plugin implements (devices, streams, memory, RNG).
 
-Names follow `torch.accelerator` / `torch.cuda`. A plugin for a chip whose PyTorch adapter mirrors
-the torch.cuda module (torch.cuda itself, torch_npu's torch.npu) returns `TorchDeviceRuntime(module,
-device_type)` and is done; `CpuRuntime` serves the `cpu` chip and every emulated chip.
+Names follow `torch.accelerator` / `torch.cuda`. Which class a plugin returns from `hal_device_runtime`:
+- `TorchDeviceRuntime(module, device_type)`: the adapter's torch.<type> module mirrors torch.cuda's
+  functions (torch.cuda itself, torch_npu's torch.npu, torch.xpu). A module that lacks some of them
+  (torch.cpu, torch.mps) is refused with `NotSupportedError` naming each missing function, unless a
+  subclass defines those methods itself.
+- `CpuRuntime()`: the chip computes on host (CPU) tensors; it serves the `cpu` chip, a vendor chip
+  whose device type is `cpu`, and (as `EmulatedRuntime`) every emulated chip.
+- a `DeviceRuntime` subclass: anything else (every method below).
 """
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ import time
 from typing import Any, Optional
 
 import torch
+
+from .errors import NotSupportedError
 
 
 class DeviceRuntime:
@@ -71,28 +78,43 @@ class DeviceRuntime:
                 torch.int16, torch.int32, torch.int64, torch.bool)
 
 
+# DeviceRuntime attribute -> the torch.cuda-style module function it is bound to.
+MODULE_FUNCTIONS = {
+    "Stream": "Stream", "Event": "Event", "device_count": "device_count",
+    "current_device_index": "current_device", "set_device_index": "set_device",
+    "synchronize": "synchronize", "current_stream": "current_stream",
+    "memory_allocated": "memory_allocated", "max_memory_allocated": "max_memory_allocated",
+    "memory_reserved": "memory_reserved", "reset_peak_memory_stats": "reset_peak_memory_stats",
+    "memory_stats": "memory_stats", "get_memory_info": "mem_get_info", "manual_seed": "manual_seed",
+}
+
+
 class TorchDeviceRuntime(DeviceRuntime):
-    """Runtime over a torch device module with torch.cuda's function names (torch.cuda, torch.npu)."""
+    """Runtime over a torch device module with torch.cuda's function names (torch.cuda, torch.npu).
+
+    Each attribute of `MODULE_FUNCTIONS` is bound once to the module's function. A subclass may
+    define some of those methods itself (e.g. memory statistics its module lacks); a function that
+    is neither in the module nor defined by a subclass refuses construction with `NotSupportedError`
+    naming the module and every missing function (not an AttributeError at the first call)."""
 
     def __init__(self, module: Any, device_type: str, dtypes: Optional[tuple[torch.dtype, ...]] = None):
         self.module = module
         self.device_type = device_type
-        self.Stream = module.Stream
-        self.Event = module.Event
         self._dtypes = dtypes
-        # Bind once: these are called on hot paths (synchronize, current_stream).
-        self.device_count = module.device_count
-        self.current_device_index = module.current_device
-        self.set_device_index = module.set_device
-        self.synchronize = module.synchronize
-        self.current_stream = module.current_stream
-        self.memory_allocated = module.memory_allocated
-        self.max_memory_allocated = module.max_memory_allocated
-        self.memory_reserved = module.memory_reserved
-        self.reset_peak_memory_stats = module.reset_peak_memory_stats
-        self.memory_stats = module.memory_stats
-        self.get_memory_info = module.mem_get_info
-        self.manual_seed = module.manual_seed
+        missing = []
+        for attr, fn in MODULE_FUNCTIONS.items():
+            if hasattr(module, fn):
+                # Bind once: these are called on hot paths (synchronize, current_stream).
+                setattr(self, attr, getattr(module, fn))
+            elif getattr(type(self), attr) is getattr(DeviceRuntime, attr):  # no subclass definition
+                missing.append(fn)
+        if missing:
+            name = getattr(module, "__name__", repr(module))
+            hint = ("hal.CpuRuntime() is the runtime for a chip that computes on host tensors"
+                    if device_type == "cpu" else
+                    "subclass hal.TorchDeviceRuntime and define the missing methods, or subclass hal.DeviceRuntime")
+            raise NotSupportedError(f"TorchDeviceRuntime({name}, {device_type!r}): the module lacks "
+                                    f"{', '.join(missing)} (torch.cuda's names); {hint}")
 
     def supported_dtypes(self) -> tuple[torch.dtype, ...]:
         return self._dtypes or super().supported_dtypes()

@@ -287,3 +287,36 @@ def test_base_runtime_methods_are_abstract():
     for name in ("device_count", "current_device_index", "synchronize", "memory_allocated", "get_memory_info"):
         with pytest.raises(NotImplementedError):
             getattr(rt, name)()
+
+
+def test_torch_device_runtime_refuses_a_module_without_cudas_functions():
+    # torch.cpu has device_count/synchronize/Stream but no memory statistics or manual_seed (torch 2.13)
+    with pytest.raises(hal.NotSupportedError) as err:
+        TorchDeviceRuntime(torch.cpu, "cpu")
+    msg = str(err.value)
+    assert "TorchDeviceRuntime(torch.cpu, 'cpu')" in msg and "hal.CpuRuntime()" in msg
+    for fn in ("memory_allocated", "mem_get_info", "manual_seed"):
+        assert fn in msg
+    assert "synchronize" not in msg and "device_count" not in msg
+
+
+def test_torch_device_runtime_subclass_may_define_what_the_module_lacks():
+    calls: list = []
+    mod = _stand_in_module(calls)
+    del mod.mem_get_info, mod.manual_seed
+
+    class Partial(TorchDeviceRuntime):
+        def get_memory_info(self):
+            return (1, 2)
+
+    with pytest.raises(hal.NotSupportedError, match=r"lacks manual_seed \(torch.cuda's names\); subclass"):
+        Partial(mod, "acme")
+
+    class Complete(Partial):
+        def manual_seed(self, seed):
+            calls.append(("own_seed", (seed,)))
+
+    rt = Complete(mod, "acme")
+    assert rt.get_memory_info() == (1, 2) and rt.device_count() == 8
+    rt.manual_seed(3)
+    assert ("own_seed", (3,)) in calls
