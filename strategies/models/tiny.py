@@ -1,5 +1,5 @@
-"""A small decoder-only transformer built from `hal.ops`, plus its synthetic data, for strategy tests
-and `hal demo`.
+"""The tiny decoder-only transformer of `hal demo` and the bridge strategy tests, built from `hal.ops`
+(kept as it was before strategies.models became a package; new code uses `strategies.models.GPT`).
 
 Every op of the forward pass goes through the HAL (embedding, rms_norm, linear, causal
 scaled_dot_product_attention, swiglu, cross_entropy), so training it on a mixed cluster exercises each
@@ -104,7 +104,7 @@ class TinyTransformer(nn.Module):
         return self.head(x)
 
 
-def build_model(cfg: TinyConfig, seed: int = 0) -> TinyTransformer:
+def build_tiny(cfg: TinyConfig, seed: int = 0) -> TinyTransformer:
     """The model with weights N(0, 0.02) (norm gains 1) drawn in parameter-name order from `seed`."""
     model = TinyTransformer(cfg)
     g = torch.Generator().manual_seed(seed)
@@ -114,37 +114,6 @@ def build_model(cfg: TinyConfig, seed: int = 0) -> TinyTransformer:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
     return model
 
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy through hal.ops: logits (b, s, v), targets (b, s)."""
-    return ops.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
-
-
-def make_batches(cfg: TinyConfig, steps: int, global_batch: int, seed: int = 1) -> torch.Tensor:
-    """Token sequences (steps, global_batch, seq + 1) int64 with learnable structure.
-
-    Each sequence walks t -> (t * a + c) mod vocab with a per-sequence stride c, and one token in eight
-    is replaced by noise, so the loss falls well below log(vocab) but never to zero.
-    """
-    if steps < 1 or global_batch < 1:
-        raise ValueError(f"make_batches: steps={steps} and global_batch={global_batch} must be >= 1")
-    g = torch.Generator().manual_seed(seed)
-    n = steps * global_batch
-    start = torch.randint(0, cfg.vocab, (n, 1), generator=g)
-    stride = torch.randint(1, 4, (n, 1), generator=g)
-    pos = torch.arange(cfg.seq + 1).unsqueeze(0)
-    walk = (start * 5 + stride * pos * 3) % cfg.vocab
-    noise = torch.randint(0, cfg.vocab, walk.shape, generator=g)
-    tokens = torch.where(torch.rand(walk.shape, generator=g) < 0.125, noise, walk)
-    return tokens.view(steps, global_batch, cfg.seq + 1)
-
-
-def rank_slice(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
-    """This rank's equal share of a global batch (batch, ...) along dim 0."""
-    if batch.size(0) % world_size:
-        raise ValueError(f"global batch {batch.size(0)} does not split evenly over {world_size} ranks")
-    per = batch.size(0) // world_size
-    return batch[rank * per:(rank + 1) * per]
 
 
 class StageModule(nn.Module):
