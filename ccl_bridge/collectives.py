@@ -1,5 +1,5 @@
 """The bridge's other collectives: reduce-scatter and all-gather along rails, broadcast through a rail,
-and the personalised ones (all_to_all, gather, scatter) over the global gloo group.
+all_to_all over rails (`alltoall`), gather and scatter over the global gloo group.
 
 Layout shared by reduce_scatter_tensor and all_gather_into_tensor (rail mode). Rank r's block of the
 big tensor is its *chunk* (N elements). The *block* of sub-cluster c is the chunks of its ranks. With
@@ -15,9 +15,10 @@ in its *share*, laid out [block][part][p].
 - all_gather: the mirror: per rail a gloo all-gather of each member's own sub-parts, then an intra
   all-gather of the shares, then unpacking into rank order.
 
-Without rails (leader-only topologies) both run on the global gloo group. all_to_all(_single),
-gather and scatter always run on the global gloo group: a personalised exchange has no reduction to
-share out along rails, and the CPU transport is the only one that reaches every pair.
+Without rails (leader-only topologies) both run on the global gloo group. all_to_all(_single) takes
+the rails (intra hand-off to the relay, one rail hop to the destination; `alltoall` explains it).
+gather and scatter run on the global gloo group: rooted, they move at most W blocks through one
+rank, which no rail layout can spread.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import torch
 
 from hal.errors import NotSupportedError
 
+from . import alltoall as _a2a
 from .ccl import Handle
 from .fabric import CPU, Fabric
 from .reduction import ReduceSpec
@@ -232,12 +234,8 @@ def scatter(fx: Fabric, out: torch.Tensor, inp: Optional[torch.Tensor], root: in
 
 def all_to_all_single(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
                       in_splits: list[int]) -> None:
-    """Flat contiguous tensors; splits in elements."""
-    hi = fx.to_host(inp.reshape(-1), "a2a_in")
-    ho = fx.host_buffer("a2a_out", out.numel(), out.dtype) if fx.staged(out) else out.view(-1)
-    fx.host_ready()
-    fx.glob.all_to_all_single(ho, hi, out_splits, in_splits).wait()
-    fx.from_host(ho, out)
+    """Flat contiguous tensors; splits in elements. Over rails (see `alltoall`)."""
+    _a2a.all_to_all_single(fx, out, inp, out_splits, in_splits)
 
 
 def barrier(fx: Fabric) -> None:

@@ -21,7 +21,7 @@ import torch
 from .ccl import Ccl
 from .config import BridgeConfig
 from .staging import DeviceSync, ScratchPool
-from .topology import Topology
+from .topology import Topology  # hal.topology.RailLayout
 
 CPU = torch.device("cpu")
 
@@ -40,6 +40,10 @@ class Fabric:
     name: str = "hetero"
     global_ranks: Optional[list[int]] = None
     inner_groups: list[Any] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)  # elements moved per path (tests, describe())
+
+    def count(self, key: str, elements: int) -> None:
+        self.counters[key] = self.counters.get(key, 0) + elements
 
     @property
     def cluster(self) -> int:

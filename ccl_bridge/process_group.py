@@ -90,7 +90,8 @@ class HeteroProcessGroup(dist.ProcessGroup):
         return {"name": self._group_name, "rank": fx.rank, "world_size": fx.world,
                 "topology": fx.topo.describe(), "config": fx.config.agreement_key(),
                 "timeout_s": self._timeout_s, "collectives_issued": self._seq,
-                "staging_allocations": fx.scratch.allocations, "staging_bytes": fx.scratch.bytes}
+                "staging_allocations": fx.scratch.allocations, "staging_bytes": fx.scratch.bytes,
+                "elements_moved": dict(fx.counters)}
 
     # ---- submission -------------------------------------------------------------------------------
     def _on_error(self, op: str, seq: int, t0: float) -> Callable[[BaseException], BaseException]:

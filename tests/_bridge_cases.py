@@ -290,9 +290,11 @@ def _c_broadcast(pg, gl, W, me, k, dtype, op, n, seed, name, failures):
 
 
 def _splits(seed: int, W: int, n: int) -> torch.Tensor:
-    """Uneven split matrix: S[i][j] = rows rank i sends to rank j (some zero)."""
+    """Uneven split matrix: S[i][j] = rows rank i sends to rank j (some zero); up to 64 rows per pair
+    for n <= 4096, else up to n / W rows (large messages: staging buffers grow, chunks are big)."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, max(2, min(n, 64)), (W, W), generator=g)
+    hi = max(2, min(n, 64)) if n <= 4096 else n // W
+    return torch.randint(0, hi, (W, W), generator=g)
 
 
 def _c_all_to_all(pg, gl, W, me, k, dtype, op, n, seed, name, failures):
@@ -344,6 +346,31 @@ def _c_send_recv(pg, gl, W, me, k, dtype, op, n, seed, name, failures):
         dist.recv(x, dist.get_global_rank(pg, 0), group=pg)
         _cmp(name + " 0->last", x, stack[0], None, failures)
     return 2
+
+
+def a2a_accounting(group_ranks: list, seed: int = 3, n: int = 4096) -> Optional[dict]:
+    """One uneven all_to_all_single on the hetero group over `group_ranks`: the elements this rank
+    sent along rails and handed to a sub-cluster mate to relay (deltas of the fabric's counters),
+    the cross elements it was the source of, and whether the global gloo group ever ran an
+    all_to_all on this group (it must not: all_to_all takes the rails)."""
+    pg = _group(group_ranks, None)[0]
+    if dist.get_rank() not in group_ranks:
+        return None
+    W, me = dist.get_world_size(pg), dist.get_rank(pg)
+    S = _splits(seed, W, n)
+    x = make_input(seed, me, int(S[me].sum()), torch.float32)
+    out = torch.empty(int(S[:, me].sum()))
+    fx = pg.fabric
+    before = dict(fx.counters)
+    dist.all_to_all_single(out, x, S[:, me].tolist(), S[me].tolist(), group=pg)
+    want = torch.cat([make_input(seed, r, int(S[r].sum()), torch.float32)[int(S[r][:me].sum()):int(S[r][:me + 1].sum())]
+                      for r in range(W)])
+    delta = {k: v - before.get(k, 0) for k, v in fx.counters.items()}
+    cluster = fx.topo.cluster_of
+    return {"exact": torch.equal(out, want), "rail": delta.get("a2a_rail_elems", 0),
+            "relay": delta.get("a2a_relay_elems", 0),
+            "cross_source": sum(int(S[me][d]) for d in range(W) if cluster[d] != cluster[me]),
+            "global_a2a": any(key[0] == "all_to_all_single" for key in fx.glob.route_counts)}
 
 
 CASES = {"all_reduce+reduce": _c_all_reduce, "reduce_scatter": _c_reduce_scatter, "all_gather": _c_all_gather,
@@ -496,24 +523,37 @@ def subgroup_kinds(ranks: list) -> Optional[tuple]:
 
 
 # ---- faults ------------------------------------------------------------------------------------------
-def fault(point: str, action: str, victim: int, n: int, timeout_s: float, freeze_s: float = 0.0) -> dict:
+def fault(point: str, action: str, victim: int, n: int, timeout_s: float, freeze_s: float = 0.0,
+          op: str = "all_reduce", grace_s: Optional[float] = None) -> dict:
     """On a fresh hetero group with `timeout_s`, rank `victim` dies or freezes at `point` inside its
-    second collective (#1); every rank reports the error it raised and how long the call took. A
-    frozen victim also queues a third collective (#2) behind the frozen one: its waiter must give up
-    as soon as the first one's waiter has broken the group."""
+    second collective (#1, an all_reduce or an all_to_all_single of `n` elements per rank); every
+    rank reports the error it raised and how long the call took. A frozen victim also queues a
+    third collective (#2) behind the frozen one: its waiter must give up as soon as the first one's
+    waiter has broken the group. `grace_s` sets HAL_BRIDGE_GRACE_S for this group only."""
     import ccl_bridge
     from ccl_bridge import faults
     W = dist.get_world_size()
-    pg = dist.new_group(list(range(W)), backend="hetero", timeout=datetime.timedelta(seconds=timeout_s))
+    if grace_s is not None:
+        os.environ["HAL_BRIDGE_GRACE_S"] = str(grace_s)
+    try:
+        pg = dist.new_group(list(range(W)), backend="hetero", timeout=datetime.timedelta(seconds=timeout_s))
+    finally:
+        if grace_s is not None:
+            os.environ.pop("HAL_BRIDGE_GRACE_S")
     x = torch.ones(n)
-    dist.all_reduce(x, group=pg)  # a healthy collective first (#0)
+
+    def collective(t, async_op=False):
+        if op == "all_to_all":
+            return dist.all_to_all_single(torch.empty_like(t), t, group=pg, async_op=async_op)
+        return dist.all_reduce(t, group=pg, async_op=async_op)
+    collective(x)  # a healthy collective first (#0)
     if dist.get_rank() == victim:
         faults.arm(point, action, seconds=freeze_s)
     t0 = time.monotonic()
     try:
         if dist.get_rank() == victim and action == "freeze":
-            w1 = dist.all_reduce(x, group=pg, async_op=True)
-            w2 = dist.all_reduce(x.clone(), group=pg, async_op=True)
+            w1 = collective(x, async_op=True)
+            w2 = collective(x.clone(), async_op=True)
             try:
                 w1.wait()
             finally:
@@ -525,7 +565,7 @@ def fault(point: str, action: str, victim: int, n: int, timeout_s: float, freeze
                     G["queued"] = {"type": type(exc).__name__, "seq": exc.seq, "error": str(exc),
                                    "seconds": time.monotonic() - t1}
         else:
-            dist.all_reduce(x, group=pg)
+            collective(x)
         return {"error": None, "seconds": time.monotonic() - t0}
     except ccl_bridge.BridgeCollectiveError as exc:
         return {"error": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__, "op": exc.op, "seq": exc.seq,

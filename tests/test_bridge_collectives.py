@@ -7,8 +7,8 @@ world is a 3+2+1 group; the required shapes are hetero subgroups of it:
                             route (bit carriers, widening, via_*, gather_reduce)
   3+1   ranks [0, 1, 2, 5]  cuda x3, ascend x1: the lone ascend rank is home of every part, on 3 rails
   2+1+1 ranks [0, 1, 3, 5]  cuda x2, kunlun x1, ascend x1
-For each shape: every collective x {float32, bfloat16, float16, int64} x every reduce op x sizes
-{1, 7, 4096, 1000003}, plus float64/int8/uint8/int16/int32/bool (and BAND/BOR/BXOR) at sizes
+For each shape: every collective (all_to_all over rails, uneven splits) x {float32, bfloat16, float16,
+int64} x every reduce op x sizes {1, 7, 4096, 1000003}, plus float64/int8/uint8/int16/int32/bool (and BAND/BOR/BXOR) at sizes
 {7, 4096}. Settings make 4096 elements take the rail path and 1000003 float32 travel as 4 pipelined
 chunks. Checks that do not depend on the shape run once, on the 3+2+1 world.
 """
@@ -84,10 +84,27 @@ def test_data_movement(pool, shape, family):
 
 def test_world_3_plus_2_plus_1(pool):
     """The pool's world itself (3+2+1, 6 parts), small and large."""
-    for family in ("all_reduce+reduce", "reduce_scatter", "all_gather", "broadcast"):
+    for family in ("all_reduce+reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"):
         reducing = family in ("all_reduce+reduce", "reduce_scatter")
         assert _run(pool, family, ["float32", "int64"] if reducing else ["float32"],
                     ["sum", "max"] if reducing else ["sum"], [7, 1000003]) > 0
+
+
+@pytest.mark.parametrize("name", list(SHAPES) + ["3+2+1"])
+def test_all_to_all_takes_the_rails(pool, name):
+    """all_to_all crosses sub-clusters on rails only (never the global gloo group), every cross
+    element crosses exactly once, and where a source shares a rail with its destination (3+1,
+    2+1+1: always) nothing is handed to a sub-cluster mate first."""
+    ranks = SHAPES.get(name, list(range(6)))
+    res = [r for r in pool.run(cases.a2a_accounting, ranks) if r is not None]
+    assert len(res) == len(ranks) and all(r["exact"] for r in res), res
+    assert not any(r["global_a2a"] for r in res), res
+    assert sum(r["rail"] for r in res) == sum(r["cross_source"] for r in res) > 0, res
+    relayed = sum(r["relay"] for r in res)
+    if name in ("3+1", "2+1+1"):
+        assert relayed == 0, res
+    else:  # 2+2 and 3+2+1: a source not on its destination's rail hands its block to the relay
+        assert relayed > 0, res
 
 
 def test_emulation_routes_were_taken(pool):
@@ -140,7 +157,7 @@ def test_subgroups(pool):
     assert kinds[2][0] == "HeteroProcessGroup" and kinds[5][1] == [9.0, 9.0]
 
 
-@pytest.mark.parametrize("family", ["all_reduce+reduce", "reduce_scatter", "all_gather", "broadcast"])
+@pytest.mark.parametrize("family", ["all_reduce+reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"])
 def test_leader_only_topology(pool, family):
     """HAL_BRIDGE_MAX_PARTS=1 forces the leader-only fallback (for sizes with a huge lcm)."""
     ops = ["sum", "max"] if family in ("all_reduce+reduce", "reduce_scatter") else ["sum"]
@@ -169,6 +186,24 @@ def test_debug_mode_names_both_shapes(pool):
 def test_settings_must_agree(pool):
     for res in pool.run(cases.config_disagreement):
         assert res.startswith("BridgeConfigError") and "rank 0" in res and "rank 3" in res, res
+
+
+def test_frozen_rank_in_all_to_all(pool):
+    """The lone ascend rank (5) freezes between its intra step and the rails inside an all_to_all:
+    every other rank raises a typed bridge error naming all_to_all_single and #1 within timeout +
+    grace (+ slack for a loaded machine); the frozen rank's own caller is bounded too. Runs last
+    in the pool's use but for the single-chip test (its group stays broken)."""
+    timeout, grace, slack = 2.0, 1.0, 2.0
+    outcomes = pool.run(cases.fault, "all_to_all.rail.cross", "freeze", 5, 6000, timeout, timeout + grace + 1.5,
+                        "all_to_all", grace, timeout=60, check=False)
+    for o in outcomes:
+        assert o.ok, f"rank {o.rank}: {o.error}"
+        res = o.value
+        assert res["type"] in ("BridgeTimeoutError", "BridgePeerError"), f"rank {o.rank}: {res}"
+        assert res["op"] == "all_to_all_single" and res["seq"] == 1, f"rank {o.rank}: {res}"
+        assert "all_to_all_single" in res["error"] and "#1" in res["error"], res["error"]
+        assert res["seconds"] <= timeout + grace + slack, f"rank {o.rank} took {res['seconds']:.1f}s: {res}"
+    assert outcomes[5].value["type"] == "BridgeTimeoutError", outcomes[5].value
 
 
 def test_single_chip_world_passes_through():
