@@ -68,6 +68,17 @@ def check_placement(placement: Sequence[Sequence[int]], experts: int, group_size
     return placement
 
 
+def even_placement(experts: int, ep_size: int) -> list[list[int]]:
+    """Contiguous blocks of expert ids, the first ranks one more when uneven (what a homogeneous tool picks)."""
+    base, extra = divmod(experts, ep_size)
+    out, start = [], 0
+    for r in range(ep_size):
+        n = base + (1 if r < extra else 0)
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
 class Expert(nn.Module):
     """One SwiGLU FFN: w2(silu(x w1^T) * (x w3^T)), through hal.ops (one matmul for gate and up)."""
 
@@ -127,12 +138,7 @@ class MoE(nn.Module):
         size = 1 if group is None else dist.get_world_size(group)
         me = 0 if group is None else dist.get_rank(group)
         if placement is None:
-            base, extra = divmod(self.num_experts, size)
-            placement, start = [], 0
-            for r in range(size):
-                n = base + (1 if r < extra else 0)
-                placement.append(list(range(start, start + n)))
-                start += n
+            placement = even_placement(self.num_experts, size)
         self.placement = check_placement(placement, self.num_experts, size)
         self.group = group
         self.ep_rank, self.ep_size = me, size
@@ -223,7 +229,9 @@ class MoE(nn.Module):
         else:
             received = payload
         # received rows: for each source rank, for each of my experts in placement order, its rows
-        outs = torch.empty_like(received)
+        # `received * 0`, not empty_like: the reverse all_to_all must be in every rank's autograd
+        # graph, also on a rank hosting no expert (else its backward skips a collective the others run)
+        outs = received * 0
         offsets = torch.cumsum(recv_per.reshape(-1), 0) - recv_per.reshape(-1)  # (W * n_local,)
         n_local = len(mine)
         for i, e in enumerate(mine):
