@@ -1,0 +1,278 @@
+"""`apply_plan(model, plan)`: lay one model out over a (mixed) cluster as a Plan says - pipeline stages
+(uneven layers, DP and TP degree per stage), data parallel or FSDP2 inside each stage, tensor
+parallel inside each replica, expert parallel over each stage's DP group - and hand the training loop
+what it needs: this rank's stage module(s), the parameters for its optimizer, and `step(inputs,
+targets)` that runs forward and backward of this rank's share of one global batch.
+
+    model = build_model(cfg, seed)                      # the same full model on every rank
+    run = apply_plan(model, plan)                       # collective: every rank of the world calls it
+    opt = torch.optim.AdamW(run.parameters(), lr=3e-4)
+    for inputs, targets in batches:                     # the whole global batch (rows = plan.global_batch)
+        loss = run.step(inputs, targets)                # global mean loss, the same on every rank
+        opt.step(); opt.zero_grad()
+
+Loss convention (torchtitan's, training_contract.md): each micro-batch's loss is its summed
+cross-entropy divided by the GLOBAL count of target tokens (computed from the global batch every rank
+is given), MoE aux losses are added the same way, and gradients are SUM-reduced over DP replicas with
+no averaging anywhere; so one step on any plan equals one step of the single-process model on the same
+global batch with a mean loss (tests/test_strategies_composed.py holds this).
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from strategies.models.data import IGNORE_INDEX, count_tokens, lm_loss_sum
+from strategies.mesh import HeteroMesh, MeshError
+from strategies.pipeline_parallel import HETERO_SCHEDULES, HeteroPipeline, PipelineError, TorchPipeline
+
+
+class _AttachAux(torch.autograd.Function):
+    """Identity on the activations that also sends gradient 1 into `aux` (a stage's MoE aux loss), so
+    a stage that is not last still back-propagates its aux loss (Megatron's MoEAuxLossAutoScaler)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+        ctx.aux_shape = aux.shape
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, torch.ones(ctx.aux_shape, dtype=torch.float32, device=grad.device)
+
+
+def _to_wire(x: torch.Tensor) -> torch.Tensor:
+    """A stage boundary carries plain, full tensors (the same on every TP rank of a replica)."""
+    from torch.distributed.tensor import DTensor
+    return x.full_tensor() if isinstance(x, DTensor) else x
+
+
+class StageModule(nn.Module):
+    """One pipeline stage of a decoder model: the embedding (first stage), blocks [start, end), the
+    final norm and head (last stage). Attribute names follow the model's (`embed`, `blocks.<i>` with
+    the global block index, `norm`, `head`), so `named_parameters()` gives the full model's names."""
+
+    def __init__(self, model: nn.Module, layers: tuple[int, int], first: bool, last: bool,
+                 recompute: str = "none", aux_coef: float = 0.0, aux_scale: float = 1.0) -> None:
+        super().__init__()
+        self.embed = model.embed if first else None
+        self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in range(*layers)})
+        self.norm = getattr(model, "norm", None) if last else None
+        self.head = model.head if last else None
+        self.recompute = recompute == "full"
+        self.aux_coef, self.aux_scale = aux_coef, aux_scale
+        self.is_last = last
+        # GPT's blocks take the rotary tables (shared, not parameters); the tiny transformer's do not
+        self.rope = hasattr(model, "rope_cos")
+        if self.rope:
+            self.register_buffer("rope_cos", model.rope_cos, persistent=False)
+            self.register_buffer("rope_sin", model.rope_sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        extra = (self.rope_cos, self.rope_sin) if self.rope else ()
+        for block in self.blocks.values():
+            # full recompute: keep only the block input, re-run the block in backward
+            x = checkpoint(block, x, *extra, use_reentrant=False) if self.recompute else block(x, *extra)
+        if self.norm is not None:
+            x = self.norm(x)
+        if self.head is not None:
+            x = self.head(x)
+        x = _to_wire(x)
+        aux = self.aux_loss()
+        return x if aux is None else _AttachAux.apply(x, aux)
+
+    def aux_loss(self) -> Optional[torch.Tensor]:
+        """coef x sum of this stage's MoE layers' aux-loss shares x aux_scale (1/num_microbatches)."""
+        if not self.aux_coef:
+            return None
+        shares = [m.aux_loss for m in self.modules() if getattr(m, "aux_loss", None) is not None
+                  and m is not self]
+        if not shares:
+            return None
+        return self.aux_coef * self.aux_scale * torch.stack([s.float() for s in shares]).sum()
+
+
+class TokenLoss:
+    """loss_fn(logits (rows, seq, vocab), targets (rows, seq)) = summed cross entropy / global tokens;
+    `denominator` is set for every step from the global batch."""
+
+    def __init__(self, ignore_index: int = IGNORE_INDEX) -> None:
+        self.ignore_index = ignore_index
+        self.denominator = 1.0
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return lm_loss_sum(logits, targets, self.ignore_index) / self.denominator
+
+
+class AppliedPlan:
+    """What `apply_plan` returns on one rank (see the module docstring)."""
+
+    def __init__(self, mesh: HeteroMesh, modules: dict[int, nn.Module], runtime: Any, loss: TokenLoss,
+                 plan: Any, grad_sync: Callable[[], None]) -> None:
+        self.mesh, self.modules, self.runtime, self.loss, self.plan = mesh, modules, runtime, loss, plan
+        self._grad_sync = grad_sync
+
+    @property
+    def active(self) -> bool:
+        return bool(self.modules)
+
+    def parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters (local shards under FSDP/TP), each once: give these to the optimizer."""
+        seen, out = set(), []
+        for m in self.modules.values():
+            for p in m.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    def _rows(self, t: torch.Tensor, stage: int) -> list[torch.Tensor]:
+        """This rank's rows of each micro-batch of a global-batch tensor (global_batch, ...)."""
+        mb, M = self.mesh.microbatch_size, self.plan.num_microbatches
+        if t.shape[0] != mb * M:
+            raise PipelineError(f"rank {self.mesh.rank}: global batch has {t.shape[0]} rows, plan expects "
+                                f"{M} micro-batches x {mb} rows = {mb * M}")
+        lo, hi = self.mesh.role(stage).rows
+        return [t[m * mb + lo:m * mb + hi] for m in range(M)]  # M x (rows, ...)
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of this rank's share of the global batch (inputs, targets: (global_batch,
+        seq)); gradients are reduced over DP when it returns. Returns the global mean loss (every rank;
+        one all_reduce of a scalar over the world)."""
+        self.loss.denominator = float(count_tokens(targets, self.loss.ignore_index))
+        share = torch.zeros((), dtype=torch.float32)
+        if self.active:
+            first = min(self.modules)
+            last = max(self.modules)
+            ins = self._rows(inputs, first) if first == 0 else [None] * self.plan.num_microbatches
+            tgs = self._rows(targets, last) if last == self.mesh.num_stages - 1 else [None] * len(ins)
+            share = self.runtime.step(ins, tgs)
+            self._grad_sync()
+            if self.mesh.role(last).tp_index != 0 or last != self.mesh.num_stages - 1:
+                share = torch.zeros((), dtype=torch.float32)  # count each replica's loss once
+        share = share.reshape(1).clone()
+        dist.all_reduce(share, group=self.mesh.world)
+        return share[0]
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter this rank's stage(s) hold, gathered to full tensors under FSDP/TP, by the full
+        model's names (a collective over each stage's groups: call on every rank)."""
+        from torch.distributed.tensor import DTensor
+        out = {}
+        for m in self.modules.values():
+            inner = getattr(m, "module", m)
+            for name, p in inner.named_parameters():
+                full = p.full_tensor() if isinstance(p, DTensor) else p
+                out[name] = full.detach().clone()
+        return out
+
+
+def _sum_grads(modules: dict[int, nn.Module], mesh: HeteroMesh, skip: set[int]) -> None:
+    """SUM all_reduce of every replicated parameter's gradient over its stage's DP group (one flat
+    buffer per stage), for zero=0 when the stage is not wrapped in DDP (TP-sharded stages: torch DDP
+    does not take DTensor parameters). Expert parameters (`skip`) are not reduced: EP already summed
+    them (strategies/expert_parallel.py)."""
+    from torch.distributed.tensor import DTensor
+    for s, m in modules.items():
+        group = mesh.dp_group(s)
+        if dist.get_world_size(group) == 1:
+            continue
+        grads = []
+        for p in m.parameters():
+            if id(p) in skip or p.grad is None:
+                continue
+            grads.append(p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad)
+        if not grads:
+            continue
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        off = 0
+        for g in grads:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
+
+
+def apply_plan(model: nn.Module, plan: Any, topology: Any = None, *, runtime: str = "auto",
+               timeout: Optional[timedelta] = None, device: Optional[torch.device] = None,
+               model_cfg: Any = None) -> AppliedPlan:
+    """Lay `model` out as `plan` says on this rank (collective over the world: every rank calls it,
+    also ranks the plan leaves idle). `topology` (hal.topology.Topology) and `model_cfg` are used to
+    run `plan.check` when given. `runtime`: "hetero" (HeteroPipeline, any layout, 1F1B/GPipe),
+    "torch" (torch.distributed.pipelining schedules; needs equal chains), "auto" (torch for the
+    interleaved and zero-bubble schedules, hetero otherwise)."""
+    if topology is not None and model_cfg is not None:
+        plan.check(topology, model_cfg)
+    mesh = HeteroMesh(plan, timeout=timeout)
+    S, M = mesh.num_stages, plan.num_microbatches
+    cfg = model_cfg or getattr(model, "cfg", None)
+    aux_coef = float(getattr(cfg, "moe_aux_loss_coef", 0.0) or 0.0) if getattr(cfg, "experts", 0) else 0.0
+    use_torch = runtime == "torch" or (runtime == "auto" and plan.schedule not in HETERO_SCHEDULES)
+    if runtime not in ("auto", "hetero", "torch"):
+        raise PipelineError(f"apply_plan: runtime={runtime!r}; expected auto, hetero or torch")
+    modules: dict[int, nn.Module] = {}
+    expert_ids: set[int] = set()
+    for role in mesh.roles:
+        s = role.stage
+        st = plan.stages[s]
+        mod = StageModule(model, tuple(st.layers), s == 0, s == S - 1, st.recompute, aux_coef, 1.0 / M)
+        grid = mesh.grids[s]
+        if grid.tp > 1:
+            _apply_tp(mod, mesh.device_mesh(s)["tp"])
+        if grid.experts is not None:
+            expert_ids |= _apply_ep(mod, mesh, s)
+        modules[s] = _apply_dp(mod, plan.zero, mesh, s, expert_ids)
+    loss = TokenLoss()
+    feature = (cfg.seq, getattr(cfg, "hidden", None) or cfg.dim) if cfg is not None else None
+    if not modules:
+        rt = None
+    elif use_torch:
+        rt = TorchPipeline(modules, mesh, loss, M, plan.schedule, device, timeout)
+    else:
+        if len(modules) != 1:
+            raise PipelineError(f"rank {mesh.rank} hosts stages {sorted(modules)}; several stages per rank "
+                                f"need an interleaved schedule on the torch runtime")
+        (mod,) = modules.values()
+        rt = HeteroPipeline(mod, mesh, loss, M, feature, schedule=plan.schedule, device=device)
+
+    def grad_sync() -> None:
+        if plan.zero == 0:
+            _sum_grads({s: m for s, m in modules.items() if not _is_wrapped(m)}, mesh, expert_ids)
+    return AppliedPlan(mesh, modules, rt, loss, plan, grad_sync)
+
+
+def _is_wrapped(m: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+    return isinstance(m, (DistributedDataParallel, FSDPModule))
+
+
+def _apply_tp(mod: StageModule, tp_mesh) -> None:
+    from strategies import tensor_parallel
+    for block in mod.blocks.values():
+        tensor_parallel.parallelize_block(block, tp_mesh)
+
+
+def _apply_ep(mod: StageModule, mesh: HeteroMesh, s: int) -> set[int]:
+    """EP over the stage's DP group at this TP index; the plan lists experts per replica (replica
+    order), the group orders ranks ascending, so the placement is put in group-rank order."""
+    from strategies.expert_parallel import apply_ep
+    grid = mesh.grids[s]
+    t = mesh.role(s).tp_index
+    ranks = grid.dp_ranks(t)
+    order = sorted(range(grid.dp), key=lambda j: ranks[j])
+    placement = [grid.experts[j] for j in order]
+    names = set(apply_ep(mod, mesh.dp_group(s), placement))
+    return {id(p) for n, p in mod.named_parameters() if n in names}
+
+
+def _apply_dp(mod: StageModule, zero: int, mesh: HeteroMesh, s: int, expert_ids: set[int]) -> nn.Module:
+    if zero == 0:
+        return mod  # gradients SUM-reduced after the pipeline step by _sum_grads
+    raise MeshError(f"plan.zero = {zero}: FSDP2 stages are not wired into apply_plan yet")
