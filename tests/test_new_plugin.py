@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,107 @@ def test_refuses_bad_names_and_nonempty_dirs(tmp_path, capsys):
         assert hal_main(argv) == 2, argv
         assert message in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"] and (full / "keep.txt").read_text() == "mine"
+
+
+# ---- a native plugin from the template, with only the values docs/writing-a-plugin.md tells a vendor to set
+DOC = REPO / "docs" / "writing-a-plugin.md"
+# Two chips that run natively here: host tensors with gloo as the CCL, and host tensors with a CCL
+# that a (stand-in) adapter registers through the public torch.distributed.Backend.register_backend.
+VENDOR_VALUES = {
+    "hostgloo": {"ADAPTER": "torch", "DEVICE_TYPE": "cpu", "CCL_BACKEND": "gloo"},
+    "regccl": {"ADAPTER": "torch_regccl", "DEVICE_TYPE": "cpu", "CCL_BACKEND": "regccl",
+               "CCL_CREATOR": "torch_regccl:create_process_group"},
+}
+# The stand-in adapter: what a vendor's package does at import (register its backend), with a CCL
+# that is gloo underneath (correct for strided tensors) under its own class and backend name, so the
+# conformance report shows which group ran the collectives.
+STAND_IN_ADAPTER = '''"""Stand-in for a vendor's PyTorch adapter: registers the `regccl` backend at import."""
+import torch.distributed as dist
+
+from hal.gloo_group import StridedSafeGloo
+
+
+class RegCclGroup(StridedSafeGloo):
+    def getBackendName(self):
+        return "regccl"
+
+
+def create_process_group(store, rank, world_size, timeout):
+    return RegCclGroup(store, rank, world_size, timeout)
+
+
+dist.Backend.register_backend("regccl", create_process_group, devices=["cpu"])
+'''
+PRIVATE_TORCH = re.compile(r"\b(?:torch|dist|distributed_c10d)\.(?:[A-Za-z]\w*\.)*_[A-Za-z]\w*|distributed_c10d")
+
+
+def _set_values(module: Path, values: dict) -> None:
+    """Edit the generated module as the doc says: one `NAME = "..."` line per value."""
+    text = module.read_text()
+    for name, value in values.items():
+        text, n = re.subn(rf"(?m)^{name} = .*$", f"{name} = {value!r}", text)
+        assert n == 1, f"the template has {n} assignments of {name}"
+    module.write_text(text)
+
+
+@pytest.fixture(scope="module")
+def native_plugins(tmp_path_factory):
+    root = tmp_path_factory.mktemp("native")
+    site = root / "site"
+    pkgs = []
+    for name, values in VENDOR_VALUES.items():
+        pkg = root / name
+        assert hal_main(["new-plugin", name, "--dir", str(pkg)]) == 0
+        _set_values(pkg / f"hal_{name}" / "__init__.py", values)
+        pkgs.append(pkg)
+    _run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+          "--no-build-isolation", "--target", site, *pkgs], cwd=root)
+    (site / "torch_regccl.py").write_text(STAND_IN_ADAPTER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)}
+    for var in ("HAL_PLUGINS", "HAL_DISABLE_PLUGIN_AUTOLOAD", "HAL_CHIP", "HAL_EMULATE", "HAL_CLUSTER"):
+        env.pop(var, None)
+    return root, env
+
+
+def test_the_doc_names_every_value_the_test_sets():
+    doc = DOC.read_text()
+    for name in sorted({k for values in VENDOR_VALUES.values() for k in values}):
+        assert f"`{name}`" in doc, f"docs/writing-a-plugin.md never tells a vendor to set {name}"
+
+
+def test_template_uses_no_private_torch_api(native_plugins):
+    root, _ = native_plugins
+    for name in VENDOR_VALUES:
+        code = (root / name / f"hal_{name}" / "__init__.py").read_text()
+        assert PRIVATE_TORCH.findall(code) == [], name
+
+
+def test_native_host_plugins_pass_conformance_level_all(native_plugins):
+    root, env = native_plugins
+    procs = {}
+    for name in VENDOR_VALUES:  # both at once: most of a run is waiting on worker start-up
+        procs[name] = subprocess.Popen(
+            [HAL, "conformance", "--plugin", name, "--level", "all", "--json", root / f"{name}.json",
+             "--efficiency", root / f"{name}-eff.json"], cwd=root, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    outs = {name: p.communicate(timeout=600)[0] for name, p in procs.items()}
+    for name, p in procs.items():
+        assert p.returncode == 0, f"{name}:\n{outs[name][-6000:]}"
+        report = json.loads((root / f"{name}.json").read_text())
+        assert report["emulated"] is False and report["summary"]["failed"] == 0
+        assert set(report["levels"]) == {"contract", "runtime", "ops", "collectives", "bridge", "errors", "perf"}
+        ccl = json.loads((root / f"{name}-eff.json").read_text())["ccl"]
+        # the perf level's collectives ran on the plugin's own group
+        assert ccl == {"hostgloo": "StridedSafeGloo", "regccl": "RegCclGroup"}[name], (name, ccl)
+
+
+def test_host_plugin_becomes_the_default_chip_with_a_warning(native_plugins):
+    root, env = native_plugins
+    env = {**env, "HAL_PLUGINS": "cpu,hostgloo"}
+    proc = _run([HAL, "info", "--json"], env=env, cwd=root)
+    acc = json.loads(proc.stdout)["accelerator"]
+    assert acc["chip"] == "hostgloo" and "host tensors" in acc["selected_by"]
+    assert "HostChipDefaultWarning" in proc.stderr and "HAL_CHIP=cpu" in proc.stderr
+    assert proc.stderr.count("HostChipDefaultWarning") == 1
+    proc = _run([HAL, "info", "--json"], env={**env, "HAL_CHIP": "cpu"}, cwd=root)
+    assert json.loads(proc.stdout)["accelerator"]["chip"] == "cpu" and "HostChipDefaultWarning" not in proc.stderr
