@@ -4,13 +4,18 @@ Chip selection, first match wins:
 1. the explicit `chip=` argument, else `HAL_CHIP` (native; `HAL_CHIP=ascend HAL_EMULATE=ascend` to emulate);
 2. `HAL_EMULATE` (emulated; `cuda:2,ascend:2` maps global ranks in torchrun order);
 3. the cluster spec named by `HAL_CLUSTER` (a TOML file; `emulate = true` sub-clusters are emulated);
-4. the one chip natively available (several: an error asking to choose);
+4. the one chip natively available (several: an error asking to choose); `cpu` never counts here. A
+   chip whose tensors are host tensors (torch device type `cpu`, e.g. a plugin built on torch's CPU
+   kernels) is natively available wherever its plugin is installed, so installing one makes it the
+   default of every HAL program in that environment: selecting it this way warns once per process
+   (`HostChipDefaultWarning`); HAL_CHIP=cpu or HAL_CHIP=<it> chooses explicitly and says nothing;
 5. `cpu`.
 After binding, every method below is a plain attribute copied from the runtime: no plugin lookup.
 """
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Optional
@@ -77,8 +82,29 @@ def select_chip(pm: PluginManager, chip: Optional[str] = None, env: Optional[dic
         raise ChipSelectionError(f"several chips are natively available ({native}); choose one with "
                                  f"HAL_CHIP or the cluster spec")
     if native:
+        if pm.chips[native[0]][0].torch_device_type == "cpu":
+            _warn_host_default(native[0], pm.chips[native[0]][1])
+            return Selection(native[0], False, "the one chip natively available (host tensors: it is the "
+                             "default wherever its plugin is installed; HAL_CHIP=cpu for the cpu chip)")
         return Selection(native[0], False, "the one chip natively available")
     return Selection("cpu", False, "no accelerator found; the host CPU")
+
+
+class HostChipDefaultWarning(UserWarning):
+    """A chip computing on host tensors became this process's default only because its plugin is installed."""
+
+
+_WARNED_HOST_DEFAULT: set[str] = set()
+
+
+def _warn_host_default(chip: str, plugin: str) -> None:
+    if chip in _WARNED_HOST_DEFAULT:
+        return
+    _WARNED_HOST_DEFAULT.add(chip)
+    warnings.warn(f"chip {chip!r} (plugin {plugin!r}) is this process's default chip: it is the one chip "
+                  f"natively available besides cpu, and its tensors are host (CPU) tensors, so it is available "
+                  f"wherever its plugin is installed. Set HAL_CHIP=cpu for the reference cpu chip, or "
+                  f"HAL_CHIP={chip} to choose it explicitly (no warning).", HostChipDefaultWarning, stacklevel=3)
 
 
 class Accelerator:
