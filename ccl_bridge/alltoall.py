@@ -33,6 +33,7 @@ the rail all_reduce uses; an emulated chip's tensors are CPU tensors already.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Optional
 
 import torch
 
@@ -67,12 +68,41 @@ def cross_rail(topo: RailLayout, s: int, d: int) -> int:
     return cross_rails(topo)[s][d]
 
 
+@lru_cache(maxsize=16)
+def relaying(topo: RailLayout) -> tuple[bool, ...]:
+    """Per sub-cluster: whether some rank of it hands a block to a mate to relay. Where none does
+    (3+1, 2+1+1), a relay needs no split sizes from its mates, so step 0 is skipped and the intra
+    and rail exchanges run at the same time."""
+    table = cross_rails(topo)
+    out = [False] * topo.k
+    for s in range(topo.world_size):
+        c = topo.cluster_of[s]
+        if any(r >= 0 and topo.rails[r].members[c] != s for r in table[s]):
+            out[c] = True
+    return tuple(out)
+
+
 def _offsets(sizes: list[int]) -> list[int]:
     out, acc = [], 0
     for s in sizes:
         out.append(acc)
         acc += s
     return out
+
+
+Piece = tuple[torch.Tensor, int, int]  # (buffer, start, length): a block held on this rank
+
+
+def _run(pieces: list[Piece]) -> Optional[torch.Tensor]:
+    """The pieces as one view when they are back to back in one buffer (no packing copy), else None."""
+    if not pieces:
+        return None
+    base, first, pos = pieces[0][0], pieces[0][1], pieces[0][1]
+    for buf, start, length in pieces:
+        if buf is not base or start != pos:
+            return None
+        pos += length
+    return base[first:pos]
 
 
 def all_to_all_single(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
@@ -83,94 +113,123 @@ def all_to_all_single(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_spli
         _global(fx, out, inp, out_splits, in_splits)
         return
     table = cross_rails(topo)
+    me, c = fx.rank, fx.cluster
+    mates = topo.subclusters[c].ranks
+    in_off, out_off = _offsets(in_splits), _offsets(out_splits)
+    cross = [d for d in range(topo.world_size) if topo.cluster_of[d] != c]
+    if relaying(topo)[c]:
+        relayed = _intra_with_relay(fx, out, inp, out_splits, in_splits, in_off, out_off, cross)
+        intra = None
+    else:  # every source is its own relay: the intra exchange carries only intra pairs
+        relayed = {(me, d): (inp, in_off[d], in_splits[d]) for d in cross}
+        send_sizes, recv_sizes = [in_splits[t] for t in mates], [out_splits[s] for s in mates]
+        intra = _exchange(fx, fx.intra, out, inp, [(inp, in_off[t], in_splits[t]) for t in mates],
+                          [(s, out_off[s], out_splits[s]) for s in mates], send_sizes, recv_sizes,
+                          ("a2a", "intra"), fx.staged(inp) or fx.staged(out), inp.device)
+
+    # 2. along each rail of this rank: relayed blocks to their destinations
+    faults.point("all_to_all.rail.cross")
+    handles = []
+    for rail in fx.my_rails():
+        send_sizes, recv_sizes, pieces, lands = [], [], [], []
+        for peer in rail.members:
+            mine = [] if peer == me else [relayed[(s, peer)] for s in mates if table[s][peer] == rail.index]
+            got = [] if peer == me else [s for s in topo.subclusters[topo.cluster_of[peer]].ranks
+                                         if table[s][me] == rail.index]
+            pieces += mine
+            lands += [(s, out_off[s], out_splits[s]) for s in got]
+            send_sizes.append(sum(p[2] for p in mine))
+            recv_sizes.append(sum(out_splits[s] for s in got))
+        fx.count("a2a_rail_elems", sum(send_sizes))
+        handles.append(_exchange(fx, fx.rails[rail.index], out, None, pieces, lands, send_sizes, recv_sizes,
+                                 ("a2a", "rail", rail.index), True, CPU))
+    if intra is not None:
+        handles.insert(0, intra)
+    Handle(handles).wait()
+
+
+def _exchange(fx: Fabric, ccl, out: torch.Tensor, inp: Optional[torch.Tensor], pieces: list[Piece],
+              lands: list[tuple[int, int, int]], send_sizes: list[int], recv_sizes: list[int], slot,
+              host: bool, dev: torch.device) -> Handle:
+    """Issue one all_to_all_single on `ccl`: send `pieces` (in peer order, `send_sizes` per peer),
+    receive blocks that land in `out` at (source, offset, length) in `lands`. Views of the caller's
+    tensors are used where the blocks are back to back and no host staging is needed; otherwise
+    blocks are packed into (host, for `host`) scratch buffers, the copies that stage a native chip's
+    data anyway."""
+    staged = host and (fx.staged(out) or any(fx.staged(p[0]) for p in pieces))
+    send = None if staged else _run(pieces)
+    if send is None:
+        send = fx.scratch.get(slot + ("in",), sum(send_sizes), out.dtype, dev)
+        off = 0
+        for buf, start, length in pieces:
+            send[off:off + length].copy_(buf[start:start + length], non_blocking=True)
+            off += length
+    recv = None if staged else _run([(out, o, n) for _, o, n in lands])
+    direct = recv is not None
+    if not direct:
+        recv = fx.scratch.get(slot + ("out",), sum(recv_sizes), out.dtype, dev)
+    if host:
+        fx.host_ready()
+    h = ccl.all_to_all_single(recv, send, recv_sizes, send_sizes)
+
+    def unpack() -> None:
+        off = 0
+        for _, start, length in lands:
+            out[start:start + length].copy_(recv[off:off + length], non_blocking=True)
+            off += length
+    return h if direct else Handle([h], unpack, getattr(h, "stage", ""))
+
+
+def _intra_with_relay(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
+                      in_splits: list[int], in_off: list[int], out_off: list[int],
+                      cross: list[int]) -> dict[tuple[int, int], Piece]:
+    """Steps 0 and 1 where some mates relay for others; returns the blocks this rank relays."""
+    topo = fx.topo
+    table = cross_rails(topo)
     W, me, c = topo.world_size, fx.rank, fx.cluster
     mates = topo.subclusters[c].ranks
     n = len(mates)
     dev, dtype = inp.device, inp.dtype
-    rails = topo.rails
-    in_off, out_off = _offsets(in_splits), _offsets(out_splits)
-
-    # 0. split rows of the sub-cluster mates (rows[s][d] = elements s sends to d)
-    rows = {me: list(in_splits)}
-    if n > 1:
-        mine = torch.tensor(in_splits, dtype=torch.int64).to(dev)
-        allrows = torch.empty(n * W, dtype=torch.int64, device=dev)
-        fx.intra.all_gather_into_tensor(allrows, mine).wait()
-        flat = allrows.tolist()
-        rows = {s: flat[j * W:(j + 1) * W] for j, s in enumerate(mates)}
 
     def relay(s: int, d: int) -> int:
-        return rails[table[s][d]].members[c]
+        return topo.rails[table[s][d]].members[c]
 
-    cross = [d for d in range(W) if topo.cluster_of[d] != c]
-    # 1. intra exchange: to mate t its own block, then the blocks it relays (destination order)
-    relayed: dict[tuple[int, int], torch.Tensor] = {}  # (source mate, cross destination) -> its data here
-    if n > 1:
-        send_pieces, send_sizes = [], []
-        for t in mates:
-            pieces = [(in_off[t], in_splits[t])] + [(in_off[d], in_splits[d]) for d in cross if relay(me, d) == t]
-            send_pieces += pieces
-            send_sizes.append(sum(length for _, length in pieces))
-        recv_sizes, layout = [], []
-        for s in mates:
-            mine_d = [d for d in cross if relay(s, d) == me]
-            recv_sizes.append(out_splits[s] + sum(rows[s][d] for d in mine_d))
-            layout.append((s, mine_d))
-        send = fx.scratch.get(("a2a", "intra_in"), sum(send_sizes), dtype, dev)
-        off = 0
-        for start, length in send_pieces:
-            send[off:off + length].copy_(inp[start:start + length])
-            off += length
-        fx.count("a2a_relay_elems", sum(sz for t, sz in zip(mates, send_sizes) if t != me)
-                 - sum(in_splits[t] for t in mates if t != me))
-        recv = fx.scratch.get(("a2a", "intra_out"), sum(recv_sizes), dtype, dev)
-        fx.intra.all_to_all_single(recv, send, recv_sizes, send_sizes).wait()
-        off = 0
-        for s, mine_d in layout:
-            out[out_off[s]:out_off[s] + out_splits[s]].copy_(recv[off:off + out_splits[s]])
-            off += out_splits[s]
-            for d in mine_d:
-                relayed[(s, d)] = recv[off:off + rows[s][d]]
-                off += rows[s][d]
-    else:
-        out[out_off[me]:out_off[me] + out_splits[me]].copy_(inp[in_off[me]:in_off[me] + in_splits[me]])
-        for d in cross:
-            relayed[(me, d)] = inp[in_off[d]:in_off[d] + in_splits[d]]
-
-    # 2. along each rail of this rank: relayed blocks to their destinations
-    faults.point("all_to_all.rail.cross")
-    jobs = []
-    for rail in fx.my_rails():
-        send_sizes, recv_sizes, pieces, lands = [], [], [], []
-        for peer in rail.members:
-            if peer == me:
-                send_sizes.append(0)
-                recv_sizes.append(0)
-                continue
-            mine = [relayed[(s, peer)] for s in mates if table[s][peer] == rail.index]
-            pieces += mine
-            send_sizes.append(sum(p.numel() for p in mine))
-            got = [s for s in topo.subclusters[topo.cluster_of[peer]].ranks if table[s][me] == rail.index]
-            lands += got
-            recv_sizes.append(sum(out_splits[s] for s in got))
-        hs = fx.scratch.get(("a2a", "rail_in", rail.index), sum(send_sizes), dtype, CPU)
-        off = 0
-        for p in pieces:
-            hs[off:off + p.numel()].copy_(p, non_blocking=True)
-            off += p.numel()
-        fx.count("a2a_rail_elems", off)
-        hr = fx.scratch.get(("a2a", "rail_out", rail.index), sum(recv_sizes), dtype, CPU)
-        jobs.append((rail.index, hs, hr, send_sizes, recv_sizes, lands))
-    fx.host_ready()
-    handles = [fx.rails[i].all_to_all_single(hr, hs, recv_sizes, send_sizes)
-               for i, hs, hr, send_sizes, recv_sizes, lands in jobs]
-    Handle(handles).wait()
-    # 3. rail results into the output, in source order
-    for _, _, hr, _, _, lands in jobs:
-        off = 0
-        for s in lands:
-            out[out_off[s]:out_off[s] + out_splits[s]].copy_(hr[off:off + out_splits[s]], non_blocking=True)
-            off += out_splits[s]
+    # 0. split rows of the sub-cluster mates (rows[s][d] = elements s sends to d)
+    mine = torch.tensor(in_splits, dtype=torch.int64).to(dev)
+    allrows = torch.empty(n * W, dtype=torch.int64, device=dev)
+    fx.intra.all_gather_into_tensor(allrows, mine).wait()
+    flat = allrows.tolist()
+    rows = {s: flat[j * W:(j + 1) * W] for j, s in enumerate(mates)}
+    # 1. to mate t: its own block, then the blocks it relays (destination order)
+    pieces: list[Piece] = []
+    send_sizes = []
+    for t in mates:
+        mine_t = [(inp, in_off[t], in_splits[t])] + [(inp, in_off[d], in_splits[d]) for d in cross
+                                                    if relay(me, d) == t]
+        pieces += mine_t
+        send_sizes.append(sum(p[2] for p in mine_t))
+    fx.count("a2a_relay_elems", sum(sz - in_splits[t] for t, sz in zip(mates, send_sizes) if t != me))
+    recv_sizes, layout = [], []
+    for s in mates:
+        relays_s = [d for d in cross if relay(s, d) == me]
+        recv_sizes.append(out_splits[s] + sum(rows[s][d] for d in relays_s))
+        layout.append((s, relays_s))
+    send = fx.scratch.get(("a2a", "relay", "in"), sum(send_sizes), dtype, dev)
+    off = 0
+    for buf, start, length in pieces:
+        send[off:off + length].copy_(buf[start:start + length])
+        off += length
+    recv = fx.scratch.get(("a2a", "relay", "out"), sum(recv_sizes), dtype, dev)
+    fx.intra.all_to_all_single(recv, send, recv_sizes, send_sizes).wait()
+    relayed: dict[tuple[int, int], Piece] = {}
+    off = 0
+    for s, relays_s in layout:
+        out[out_off[s]:out_off[s] + out_splits[s]].copy_(recv[off:off + out_splits[s]])
+        off += out_splits[s]
+        for d in relays_s:
+            relayed[(s, d)] = (recv, off, rows[s][d])
+            off += rows[s][d]
+    return relayed
 
 
 def _global(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int]) -> None:
