@@ -11,6 +11,9 @@ collective being measured. Conventions follow nccl-tests (doc/PERFORMANCE.md):
   all_to_all (n-1)/n; broadcast, reduce, send/recv 1;
 * time is per operation: each repeat runs `iters` operations back to back (each waited) between
   barriers; a repeat's time is the slowest rank's; the table shows the median over repeats;
+* `uneven` (all_to_all only): rank r sends (1 + (r + j) mod n) / (n (n + 1) / 2) of its buffer to
+  rank j, so every rank sends the same size but the blocks, and what each rank receives, differ
+  (the shape of a MoE token exchange); size is still the send buffer;
 * #wrong counts, over all ranks, the output elements that differ from the exact expected value (or
   exceed the dtype's rounding for 16-bit floats) after one more checked run on fresh inputs.
 """
@@ -127,9 +130,12 @@ class OpCase:
     """Buffers for one (op, size, dtype) on one rank, the call that runs it, and its expected output."""
 
     def __init__(self, op: str, count: int, dtype: torch.dtype, group, rank: int, n: int,
-                 device: torch.device) -> None:
+                 device: torch.device, uneven: bool = False) -> None:
         self.op, self.count, self.dtype, self.group, self.rank, self.n = op, count, dtype, group, rank, n
         self.device = device
+        if uneven and op != "all_to_all":
+            raise BenchError(f"--uneven applies to --op all_to_all only, got --op {op}")
+        self.uneven = uneven
         chunk = count // n if op in _SPLITS else count
         self.chunk = chunk
         if op in ("all_reduce", "broadcast", "reduce"):
@@ -143,16 +149,26 @@ class OpCase:
             self.out = torch.empty(chunk, dtype=dtype, device=device)
         elif op == "all_to_all":
             self.inp = torch.empty(count, dtype=dtype, device=device)
-            self.out = torch.empty(count, dtype=dtype, device=device)
+            self.out = torch.empty(sum(self.split(j, rank) for j in range(n)), dtype=dtype, device=device)
         else:
             raise BenchError(f"--op {op!r}: expected one of {OPS}")
         self.fill()
 
+    def split(self, src: int, dst: int) -> int:
+        """Elements rank `src` sends to rank `dst` in all_to_all (see `uneven` in the module docstring)."""
+        n = self.n
+        if not self.uneven:
+            return self.chunk
+        total = n * (n + 1) // 2
+        if dst < n - 1:
+            return self.count * (1 + (src + dst) % n) // total
+        return self.count - sum(self.split(src, j) for j in range(n - 1))
+
     def fill(self) -> None:
-        """Fresh inputs: rank r sends pattern + r (all_to_all: chunk j carries r * n + j)."""
-        r, n, c = self.rank, self.n, self.chunk
+        """Fresh inputs: rank r sends pattern + r (all_to_all: block j carries r * n + j)."""
+        r, n = self.rank, self.n
         if self.op == "all_to_all":
-            self.inp.copy_(torch.cat([_pattern(c, r * n + j, self.dtype) for j in range(n)]))
+            self.inp.copy_(torch.cat([_pattern(self.split(r, j), r * n + j, self.dtype) for j in range(n)]))
         elif self.op == "broadcast":
             self.inp.copy_(_pattern(self.count, 1, self.dtype) if r == 0 else torch.zeros(self.count, dtype=self.dtype))
         else:
@@ -166,6 +182,10 @@ class OpCase:
             _all_gather_single(self.out, self.inp, group=g)
         elif self.op == "reduce_scatter":
             _reduce_scatter_single(self.out, self.inp, group=g)
+        elif self.op == "all_to_all" and self.uneven:
+            n = self.n
+            dist.all_to_all_single(self.out, self.inp, [self.split(j, self.rank) for j in range(n)],
+                                   [self.split(self.rank, j) for j in range(n)], group=g)
         elif self.op == "all_to_all":
             dist.all_to_all_single(self.out, self.inp, group=g)
         elif self.op == "reduce":
@@ -184,7 +204,7 @@ class OpCase:
             full = sum(_pattern(self.count, k, d) for k in range(n))
             return full[r * c:(r + 1) * c]
         if self.op == "all_to_all":
-            return torch.cat([_pattern(c, j * n + r, d) for j in range(n)])
+            return torch.cat([_pattern(self.split(j, r), j * n + r, d) for j in range(n)])
         return _pattern(self.count, 1, d)
 
     def wrong(self) -> int:
@@ -298,7 +318,7 @@ def _barrier() -> None:
 def measure(op: str, sizes: list[int], dtype_name: str, gut: GroupUnderTest, iters: int = 8,
             warmup: int = 2, repeats: int = 5, device: Optional[torch.device] = None,
             check: bool = True, on_row: Optional[Callable[[list], None]] = None,
-            idle: bool = False) -> list[Row]:
+            idle: bool = False, uneven: bool = False) -> list[Row]:
     """Measure `op` at every size on the group under test; every rank calls this and gets all rows.
     An `idle` rank takes part in the barriers and the gathering of results but runs no operation
     (its group's row is then meaningless: the stage model uses it for ranks off the leader rail)."""
@@ -317,7 +337,7 @@ def measure(op: str, sizes: list[int], dtype_name: str, gut: GroupUnderTest, ite
     rows: list[Row] = []
     for size in sizes:
         count = _count_for(op, size, dtype, n)
-        case = OpCase(op, count, dtype, gut.group, rank_in, n, device)
+        case = OpCase(op, count, dtype, gut.group, rank_in, n, device, uneven=uneven)
         run = (lambda: None) if idle else case.run
         for _ in range(warmup):
             run()

@@ -13,6 +13,7 @@ examples:
   hal bench comm --dtype bfloat16 --iters 20 --repeats 7 --json allreduce.json
   hal bench comm --stages --max-bytes 64M            # hetero vs its own stage model
   hal bench comm --baseline gloo --max-bytes 64M     # hetero and flat gloo in one job, with ratios
+  hal bench comm --op all_to_all --uneven --baseline gloo   # MoE-like uneven all_to_all splits
   torchrun --nnodes 2 --nproc-per-node 8 ... -m ccl_bridge.cli_bench comm --backend hetero   # real nodes
 """
 from __future__ import annotations
@@ -55,6 +56,9 @@ def add_comm_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--repeats", "-r", type=int, default=5,
                    help="timed repeats per size; the table shows their median (default 5)")
     c.add_argument("--no-check", action="store_true", help="skip the correctness check (#wrong = 0)")
+    c.add_argument("--uneven", action="store_true",
+                   help="all_to_all only: uneven splits, rank r sends (1 + (r + j) mod n) / (n(n+1)/2) of its "
+                        "buffer to rank j (the shape of a MoE token exchange)")
     c.add_argument("--baseline", default=None, choices=BACKENDS,
                    help="also measure this backend in the same job, size by size, and print the time ratio "
                         "baseline / --backend (e.g. --baseline gloo: how much faster hetero is than flat gloo)")
@@ -85,6 +89,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
            "--timeout", str(args.timeout)]
     if args.no_check:
         out.append("--no-check")
+    if args.uneven:
+        out.append("--uneven")
     if args.stages:
         out.append("--stages")
     if args.baseline:
@@ -134,6 +140,9 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "bench", None) != "comm":
         print("usage: hal bench comm [options]  (see `hal bench comm --help`)", file=sys.stderr)
         return 2
+    if args.uneven and args.op != "all_to_all":
+        from .bench import BenchError
+        raise BenchError(f"--uneven applies to --op all_to_all only, got --op {args.op}")
     if args.stages and (args.backend != "hetero" or args.op != "all_reduce"):
         from .bench import BenchError
         raise BenchError(f"--stages models the bridge's all_reduce: it needs --backend hetero --op all_reduce, "
@@ -175,7 +184,8 @@ def worker(args: argparse.Namespace) -> int:
         def device_for(backend):
             return acc.device if backend in ("hetero", "vendor") else torch.device("cpu")
 
-        opts = dict(iters=args.iters, warmup=args.warmup, repeats=args.repeats, check=not args.no_check)
+        opts = dict(iters=args.iters, warmup=args.warmup, repeats=args.repeats, check=not args.no_check,
+                    uneven=args.uneven)
         base = make_group(args.baseline, chips, timeout) if args.baseline else None
         rows, base_rows = [], []
         for size in sizes:  # size by size, so the two backends see the same machine load
@@ -218,7 +228,8 @@ def _print_preamble(args, chips, gut, sizes, human_bytes, bus_factor) -> None:
     import torch
     n = len(gut.members)
     emulated = any(e for _, e in chips)
-    print(f"# hal bench comm: {args.op} on backend {args.backend}, {len(chips)} ranks: {_chips_text(chips)}")
+    print(f"# hal bench comm: {args.op}{' (uneven splits)' if args.uneven else ''} on backend {args.backend}, "
+          f"{len(chips)} ranks: {_chips_text(chips)}")
     if emulated:
         from hal.emulation import cpu_ccl
         print(f"# EMULATED chips: every rank runs on this host's CPU; its vendor CCL is the CPU fabric "
@@ -266,7 +277,8 @@ def _print_baseline(args, rows, base_rows) -> None:
 
 def _report(args, chips, gut, rows, s, stages=None, base_rows=()) -> dict:
     import torch
-    return {"tool": "hal bench comm", "op": args.op, "backend": args.backend, "dtype": args.dtype,
+    return {"tool": "hal bench comm", "op": args.op, "uneven": args.uneven, "backend": args.backend,
+            "dtype": args.dtype,
             "world_size": len(chips), "chips": [{"rank": r, "chip": c, "emulated": e}
                                                for r, (c, e) in enumerate(chips)],
             "emulated": any(e for _, e in chips), "groups": gut.all_groups,

@@ -44,6 +44,46 @@ def test_check_counts_exactly_the_corrupted_elements(op, dtype):
     assert case.wrong() == 3
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_uneven_all_to_all_splits_and_check(n):
+    """--uneven: every rank sends its whole buffer, in blocks that differ by destination; what each
+    rank receives is the matching column; the check still counts exactly the corrupted elements."""
+    count = n * 50
+    cases = [OpCase("all_to_all", count, torch.float32, group=None, rank=r, n=n, device=torch.device("cpu"),
+                    uneven=True) for r in range(n)]
+    for r, case in enumerate(cases):
+        sent = [case.split(r, j) for j in range(n)]
+        assert sum(sent) == count and case.inp.numel() == count and len(set(sent)) > 1
+        assert case.out.numel() == sum(case.split(j, r) for j in range(n))
+        # what rank r receives from j is what j's own inputs hold for r
+        want = torch.cat([cases[j].inp[sum(cases[j].split(j, i) for i in range(r)):][:case.split(j, r)]
+                          for j in range(n)])
+        assert torch.equal(case.expected().float(), want)
+        case.out.copy_(want)
+        assert case.wrong() == 0
+        case.out[[0, -1]] += 1
+        assert case.wrong() == 2
+    with pytest.raises(BenchError, match="--uneven applies to --op all_to_all only, got --op all_gather"):
+        OpCase("all_gather", count, torch.float32, group=None, rank=0, n=n, device=torch.device("cpu"), uneven=True)
+
+
+def test_cli_all_to_all_against_flat_gloo(capfd):
+    """`hal bench comm --op all_to_all --uneven --baseline gloo` on 2+2 emulated ranks (the rail path
+    with relays): both tables, #wrong 0 on both backends."""
+    argv = ["bench", "comm", "--op", "all_to_all", "--uneven", "--baseline", "gloo", "--emulate", "cuda:2,ascend:2",
+            "--min-bytes", "64K", "--max-bytes", "64K", "--iters", "2", "--warmup", "1", "--repeats", "2",
+            "--timeout", "60"]
+    code = main(argv)
+    captured = capfd.readouterr()
+    assert code == 0, captured.out + captured.err
+    text = captured.out
+    assert "all_to_all (uneven splits) on backend hetero" in text
+    assert "speedup = gloo time / hetero time" in text and "# Out of bounds values : 0 OK" in text
+    rows = [line.split() for line in text.splitlines() if line and not line.startswith("#")]
+    assert rows[0][0] == "65536" and rows[0][-1] == "0"          # hetero row: size ... #wrong
+    assert rows[1][0] == "65536" and rows[1][-1] == "0"          # baseline row: size hetero gloo speedup #wrong
+
+
 def test_cli_end_to_end(tmp_path, capfd):
     # `hal bench comm ...` called in this process (its torch import is already paid); it relaunches
     # itself under torchrun, whose ranks print the table to the inherited stdout
