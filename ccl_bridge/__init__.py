@@ -10,15 +10,17 @@ How it works (full reference: docs/bridge.md; each module's docstring has its pa
   (pass-through). Otherwise: the sub-cluster's CCL from `hal.accelerator().new_process_group`
   (the vendor group natively, the CPU fabric for an emulated chip), a gloo group per rail and one
   global gloo group, all with the group's timeout.
-- `topology`: rails and homes, from `hal.topology` (one definition). A message is cut into
-  lcm(sub-cluster sizes) parts; index i of a
-  sub-cluster is home of its share of parts, and each part's homes form its rail, so uneven shapes
-  (3+1, 2+1+1) have a defined home for every part and every rank forwards only its share.
+- `topology`: rails and homes, from `hal.topology` (their one definition). A message is cut into
+  lcm(sub-cluster sizes) parts; index i of a sub-cluster is home of its share of parts, and each
+  part's homes form its rail, so uneven shapes (3+1, 2+1+1) have a defined home for every part and
+  every rank forwards only its share.
 - `allreduce`: large messages take the rail path (intra reduce-scatter -> pinned host staging ->
   rail all_reduce on gloo -> intra all_gather), chunked and pipelined with bounded depth; small ones
   a single leader per sub-cluster; optional bfloat16 wire with float32 accumulation.
-- `collectives`: reduce-scatter and all-gather along rails, broadcast through a rail, all_to_all /
-  gather / scatter / cross-sub-cluster send-recv over the global gloo group.
+- `collectives`: reduce-scatter and all-gather along rails, broadcast through a rail, gather /
+  scatter / cross-sub-cluster send-recv over the global gloo group.
+- `alltoall`: all_to_all(_single) over rails: intra hand-off to the relay on the destination's
+  rail, one rail hop to the destination, uneven splits exact.
 - `ccl`: each inner group with its capability matrix; what a CCL lacks is emulated (bit carriers,
   widening, building one collective from another, gather-then-reduce) or refused with
   `hal.NotSupportedError` -- never silently wrong.

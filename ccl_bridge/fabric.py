@@ -4,7 +4,7 @@ For a group of W ranks in k sub-clusters (see `topology`), each rank holds:
 - `intra`: its sub-cluster's CCL (`hal.accelerator().new_process_group`: the vendor group when the
   chip is native, the CPU fabric when emulated), wrapped in a `Ccl` with the chip's capability matrix;
 - `rails`: one gloo group per rail it sits on (the cross-sub-cluster transport, host memory);
-- `glob`: one gloo group over all W ranks, for the leader fallbacks, all_to_all, gather, scatter,
+- `glob`: one gloo group over all W ranks, for the leader fallbacks, gather, scatter,
   cross-sub-cluster send/recv, barrier and the debug-mode agreement check.
 Every inner group is built from a `PrefixStore` of the creator's store with the group's timeout, in
 the same order on every rank (global, intra, rails by index): gloo's constructor waits for its

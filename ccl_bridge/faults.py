@@ -4,6 +4,7 @@
 inside a collective `os._exit(17)` (a rank dying mid-collective) or, with "freeze", sleep for
 `seconds` (a rank hanging mid-collective, its connections still open). Unarmed, `point()` is one
 dict lookup on an empty dict. Points: all_reduce.leader.cross, all_reduce.rail.cross,
+all_to_all.rail.cross (after the intra hand-off, before the rail exchange),
 collective.start.
 """
 from __future__ import annotations
