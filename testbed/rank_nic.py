@@ -1,0 +1,48 @@
+"""torchrun entry point that binds this rank's gloo traffic to its own NIC, then runs the real target.
+
+    torchrun ... -m testbed.rank_nic -m ccl_bridge.cli_bench comm ...     # a module
+    torchrun ... -m testbed.rank_nic train.py --lr 1e-3                   # a script
+
+torchrun gives every local rank the same environment, but on a rail-optimized host local rank i owns
+NIC i. This sets `GLOO_SOCKET_IFNAME` to the i-th name of `HAL_RANK_NICS` (comma-separated, indexed
+by LOCAL_RANK; e.g. `rail0,rail1` in the test bed, `eth2,eth3,...` on a real node) before torch is
+imported. torch 2.13 reads GLOO_SOCKET_IFNAME in the `ProcessGroupGloo(store, rank, size, timeout)`
+constructor the bridge uses for its global group and rails (torch/csrc/distributed/c10d/init.cpp:
+`createDeviceForInterface` per name, else `createDefaultDevice` from the hostname), and in
+`new_group(backend="gloo")`: every gloo socket of the rank then listens on that NIC's address, and
+the host's source-address routing (testbed.bed) sends what it originates from that address out of
+that NIC. Without HAL_RANK_NICS it changes nothing.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+
+def nic_for_local_rank(nics: str, local_rank: int) -> str:
+    names = [n.strip() for n in nics.split(",") if n.strip()]
+    if not 0 <= local_rank < len(names):
+        raise SystemExit(f"testbed.rank_nic: LOCAL_RANK={local_rank} but HAL_RANK_NICS={nics!r} names "
+                         f"{len(names)} NIC(s); give one per local rank")
+    return names[local_rank]
+
+
+def main(argv: list[str]) -> None:
+    nics = os.environ.get("HAL_RANK_NICS", "")
+    if nics:
+        os.environ["GLOO_SOCKET_IFNAME"] = nic_for_local_rank(nics, int(os.environ.get("LOCAL_RANK", "0")))
+    if not argv:
+        raise SystemExit("usage: python -m testbed.rank_nic (-m MODULE | SCRIPT) [ARGS...]")
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise SystemExit("testbed.rank_nic: -m needs a module name")
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
