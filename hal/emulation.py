@@ -73,16 +73,21 @@ def chips_in_map(text: str) -> list[str]:
 
 
 @lru_cache(maxsize=None)
-def cpu_fabric_capabilities(backend: str = "gloo") -> CapabilityMatrix:
+def cpu_fabric_capabilities(backend: str = "gloo", chip: str = "cpu") -> CapabilityMatrix:
     """What the CPU fabric really supports, as measured by `python -m hal_cpu.measure_capabilities`
     (the data file records the torch version it was measured with). For `auto`, what both fabrics
-    support, since the group may turn out to be either."""
+    support, since the group may turn out to be either. `chip` names the matrix: a plugin whose CCL
+    is gloo (`hal new-plugin`'s template with CCL_BACKEND = "gloo") declares
+    `cpu_fabric_capabilities("gloo", chip="acme")`."""
     if backend == "auto":
-        return cpu_fabric_capabilities("gloo").intersect(
-            cpu_fabric_capabilities("shm"), source="auto: measured gloo ∩ measured shm matrices")
+        return cpu_fabric_capabilities("gloo", chip).intersect(
+            cpu_fabric_capabilities("shm", chip), source="auto: measured gloo ∩ measured shm matrices")
+    if backend not in ("gloo", "shm"):
+        raise ValueError(f"cpu_fabric_capabilities: backend {backend!r} is not a CPU fabric; expected "
+                         f"'gloo', 'shm' or 'auto'")
     name = f"{backend}_capabilities.json"
     data = json.loads(resources.files("hal").joinpath("data", name).read_text())
-    return CapabilityMatrix(chip="cpu", entries=frozenset(tuple(e) for e in data["entries"]),
+    return CapabilityMatrix(chip=chip, entries=frozenset(tuple(e) for e in data["entries"]),
                             source=data["source"])
 
 

@@ -196,3 +196,19 @@ def test_host_plugin_becomes_the_default_chip_with_a_warning(native_plugins):
     assert proc.stderr.count("HostChipDefaultWarning") == 1
     proc = _run([HAL, "info", "--json"], env={**env, "HAL_CHIP": "cpu"}, cwd=root)
     assert json.loads(proc.stdout)["accelerator"]["chip"] == "cpu" and "HostChipDefaultWarning" not in proc.stderr
+
+
+def test_a_vendor_measures_its_own_ccl(native_plugins):
+    # The doc's recipe for `source`: measure the plugin's own native group (here regccl's) and paste
+    # the printed matrix into hal_collective_capabilities. A small subset keeps the test short.
+    root, env = native_plugins
+    out = _run([sys.executable, "-m", "hal_cpu.measure_capabilities", "--plugin", "regccl", "--collectives",
+                "all_reduce,broadcast", "--dtypes", "float32,int16", "--format", "python"], env=env, cwd=root).stdout
+    import hal
+    matrix = eval(out, {"hal": hal})  # the printed expression is what the plugin returns
+    assert isinstance(matrix, hal.CapabilityMatrix) and matrix.chip == "regccl"
+    assert "--plugin regccl --collectives all_reduce,broadcast --dtypes float32,int16" in matrix.source
+    assert "as RegCclGroup" in matrix.source
+    # gloo (under the stand-in) has no int16 at all and no bitwise ops on floats (as hal/data's matrix says)
+    assert matrix.entries == {("all_reduce", "float32", op) for op in ("sum", "avg", "max", "min", "product")} | \
+        {("broadcast", "float32", "-")}
