@@ -51,19 +51,29 @@ class StageFailure(Exception):
 
 
 class Handle:
-    """Issued inner work; `wait()` completes it and runs the finishing copies exactly once."""
+    """Issued inner work; `wait()` completes it and runs the finishing copies exactly once.
 
-    __slots__ = ("works", "finish", "stage", "_done")
+    `timeout` (set by `Ccl` for groups on a device) is passed to the inner works' `wait`: a device
+    CCL's work (NCCL, HCCL, XCCL) waited without one only orders streams and returns before the data
+    is there, and a collective that never completes would then surface as a process teardown by the
+    CCL's watchdog; with it the waiting thread blocks until the work completes or raises when the
+    timeout passes (torch 2.13 ProcessGroupNCCL.cpp `WorkNCCL::wait`), which becomes a StageFailure."""
 
-    def __init__(self, works: Sequence = (), finish: Optional[Callable[[], None]] = None, stage: str = ""):
-        self.works, self.finish, self.stage, self._done = list(works), finish, stage, False
+    __slots__ = ("works", "finish", "stage", "timeout", "_done")
+
+    def __init__(self, works: Sequence = (), finish: Optional[Callable[[], None]] = None, stage: str = "",
+                 timeout: Optional[timedelta] = None):
+        self.works, self.finish, self.stage, self.timeout, self._done = list(works), finish, stage, timeout, False
 
     def wait(self) -> None:
         if self._done:
             return
         try:
             for w in self.works:
-                w.wait()
+                if self.timeout is not None and not isinstance(w, Handle):
+                    w.wait(self.timeout)
+                else:
+                    w.wait()
         except StageFailure:
             raise
         except Exception as exc:
@@ -78,15 +88,19 @@ DONE = Handle()
 
 def _guarded(fn):
     """An inner group that fails when the op is *issued* (a peer already gone) raises RuntimeError
-    (c10d's DistBackendError is one); report it like a failure at wait time, naming the group."""
+    (c10d's DistBackendError is one); report it like a failure at wait time, naming the group.
+    Handles from a device group get the group's timeout for their inner waits (see `Handle`)."""
     @functools.wraps(fn)
     def call(self, *args, **kwargs):
         try:
-            return fn(self, *args, **kwargs)
+            h = fn(self, *args, **kwargs)
         except StageFailure:
             raise
         except RuntimeError as exc:
             raise StageFailure(self._stage(fn.__name__), exc) from exc
+        if self._wait_timeout is not None and h is not DONE and h.timeout is None:
+            h.timeout = self._wait_timeout
+        return h
     return call
 
 
@@ -129,6 +143,8 @@ class Ccl:
         self.pg, self.caps, self.label, self.rank, self.size = pg, caps, label, rank, size
         self.device = device
         self.timeout = timeout
+        # A device CCL's works are waited with the group timeout (host CPU fabrics enforce their own).
+        self._wait_timeout = timeout if timeout is not None and device.type != "cpu" else None
         self._ag = getattr(pg, "_allgather_base", None) or getattr(pg, "all_gather_single", None)
         self._rs = getattr(pg, "_reduce_scatter_base", None) or getattr(pg, "reduce_scatter_single", None)
         self._a2a = getattr(pg, "alltoall_base", None) or getattr(pg, "all_to_all_single", None)

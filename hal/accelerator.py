@@ -18,7 +18,8 @@ import os
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Optional
+import uuid
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -130,6 +131,14 @@ class Accelerator:
             if not isinstance(runtime, DeviceRuntime):
                 raise ChipUnavailableError(f"plugin {self.plugin!r}, hook 'hal_device_runtime': returned "
                                            f"{runtime!r}, expected hal.DeviceRuntime")
+            # Select this rank's device before anything asks the runtime about "the current device"
+            # (its name, the SoC the capability matrix depends on): on torch_npu and CUDA such a
+            # query first opens a context on device 0, in every rank of the node (torch_npu
+            # npu/utils.py `current_device` calls `_lazy_init()`, Ascend/pytorch@9e73e708).
+            count = runtime.device_count()
+            if count < 1:
+                raise ChipUnavailableError(f"chip {self.chip.name!r}: the runtime reports 0 devices")
+            runtime.set_device_index(_env_int(env, "LOCAL_RANK", 0) % count)
             model = selection.model or _device_name(runtime)
             self.profile = pm.profile(selection.chip, model)
             self.capabilities = pm.capabilities(selection.chip)
@@ -151,12 +160,6 @@ class Accelerator:
         self.get_memory_info = runtime.get_memory_info
         self.pin_memory = runtime.pin_memory
         self.supported_dtypes = runtime.supported_dtypes
-        local_rank = _env_int(env, "LOCAL_RANK", 0)
-        if not self.emulated:
-            count = runtime.device_count()
-            if count < 1:
-                raise ChipUnavailableError(f"chip {self.chip.name!r}: the runtime reports 0 devices")
-            self.set_device_index(local_rank % count)
         self.device: torch.device = runtime.device()
         self.kernels: dict[str, OpKernel] = self._select_kernels(pm)
 
@@ -190,12 +193,28 @@ class Accelerator:
         torch.manual_seed(seed)
         self.runtime.manual_seed(seed)
 
-    def new_process_group(self, store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
-        """This chip's CCL group for `world_size` ranks: the plugin's (native) or the CPU fabric."""
+    def new_process_group(self, store: Any, rank: int, world_size: int, timeout: timedelta, *,
+                          global_ranks: Optional[Sequence[int]] = None, group_name: Optional[str] = None) -> Any:
+        """This chip's CCL group for `world_size` ranks: the plugin's (native) or the CPU fabric.
+
+        `global_ranks` (the members' global ranks, in group-rank order) and `group_name` (the same on
+        every member, unique in the job) are handed to the plugin (contract 1.1). Callers that
+        know them (the bridge: torch's `global_ranks_in_group` and group id) must pass them; when
+        omitted, the group is taken to be ranks 0..world_size-1 and a name is agreed through
+        `store` (`agree_group_name`), never a per-process counter."""
         if self.emulated:
             return create_cpu_process_group(store, rank, world_size, timeout)
+        ranks = list(range(world_size)) if global_ranks is None else [int(r) for r in global_ranks]
+        if len(ranks) != world_size or len(set(ranks)) != world_size or min(ranks, default=0) < 0:
+            raise ValueError(f"chip {self.chip.name!r}, new_process_group: global_ranks={ranks} must be "
+                             f"{world_size} distinct non-negative ranks (world_size={world_size})")
+        name = agree_group_name(store, rank, timeout) if group_name is None else str(group_name)
+        if not name:
+            raise ValueError(f"chip {self.chip.name!r}, new_process_group: group_name must be a non-empty "
+                             f"string that every member shares, got {group_name!r}")
         return self._pm.call_owner(self.chip.name, "hal_create_process_group", store=store, rank=rank,
-                                   world_size=world_size, timeout=timeout)
+                                   world_size=world_size, timeout=timeout, global_ranks=ranks,
+                                   group_name=name)
 
     def describe(self) -> dict:
         return {"chip": self.chip.name, "plugin": self.plugin, "emulated": self.emulated,
@@ -207,6 +226,22 @@ class Accelerator:
     def __repr__(self) -> str:
         tag = "emulated" if self.emulated else "native"
         return f"Accelerator(chip={self.chip.name!r}, {tag}, device={self.device})"
+
+
+GROUP_NAME_KEY = "hal/group_name"
+
+
+def agree_group_name(store: Any, rank: int, timeout: timedelta) -> str:
+    """A name for a new group that every member reads the same and no other group has: rank 0
+    writes a random one under a key numbered by how many groups this member has built on `store`
+    (every member builds the same groups on one store prefix in the same order, as torch assumes),
+    the others wait for it, at most `timeout`."""
+    gen = store.add(f"{GROUP_NAME_KEY}/gen/{rank}", 1)
+    key = f"{GROUP_NAME_KEY}/{gen}"
+    if rank == 0:
+        store.set(key, f"hal-{uuid.uuid4().hex[:16]}")
+    store.wait([key], timeout)  # raises a torch.distributed error after `timeout`, never hangs
+    return store.get(key).decode()
 
 
 def _device_name(runtime: DeviceRuntime) -> Optional[str]:

@@ -1,5 +1,9 @@
 """Finds, validates and answers for plugins: entry points (group `hal.plugins`) plus explicit register.
 
+Every hook is dispatched by pluggy (`pm.hook.<name>(...)`, or pluggy's `subset_hook_caller` of it),
+so `firstresult`, `tryfirst`/`trylast` and (hook)wrappers behave as pluggy documents them; which
+plugins take part in which call is described in `hal.hookspecs`.
+
 Switches, in the spirit of pytest's:
 - `HAL_DISABLE_PLUGIN_AUTOLOAD=1`: load no entry points (only `HAL_PLUGINS` and `register()`).
 - `HAL_PLUGINS=a,b`: load exactly these (entry-point names, or importable module paths) instead of
@@ -133,12 +137,28 @@ class PluginManager:
             if self.pm.parse_hookimpl_opts(plugin, hook) is None:
                 raise PluginValidationError(label, hook, f"required hook {hook!r} is not implemented")
 
+    # ---- dispatch (always through pluggy) ----------------------------------------------------
+    def _caller(self, hook: str, keep: Any = None, keep_non_owners: bool = True) -> Any:
+        """pluggy's caller of `hook` (`pm.hook.<hook>`), restricted with pluggy's own
+        `subset_hook_caller`: without the plugins that declare chips, except `keep`; plugins that
+        declare no chip (add-ons, wrappers) stay unless `keep_non_owners` is False."""
+        caller = getattr(self.pm.hook, hook)
+        remove = [p for p in self.pm.get_plugins()
+                  if p is not keep and (not keep_non_owners or self._owns_chips(p))]
+        return self.pm.subset_hook_caller(hook, remove) if remove else caller
+
+    def _owns_chips(self, plugin: Any) -> bool:
+        return any(rec.module is plugin and rec.chips for rec in self.plugins.values())
+
     def _call_own(self, plugin: Any, hook: str, **kwargs: Any) -> Any:
-        """Call `plugin`'s own implementation of `hook` (with the args it declares)."""
-        fn = getattr(plugin, hook)
-        argnames = self.pm.hook.__dict__[hook].spec.argnames
-        accepted = inspect.signature(fn).parameters
-        return fn(**{k: v for k, v in kwargs.items() if k in accepted and k in argnames})
+        """`hook` answered by `plugin` alone (its own implementations and wrappers), through pluggy;
+        used at registration, to validate what this plugin says."""
+        return self._caller(hook, keep=plugin, keep_non_owners=False)(**self._spec_args(hook, kwargs))
+
+    def _spec_args(self, hook: str, kwargs: dict) -> dict:
+        """Every argument the spec names (pluggy warns about missing ones; None when not given)."""
+        names = getattr(self.pm.hook, hook).spec.argnames
+        return {k: kwargs.get(k) for k in names}
 
     def _call_checked(self, plugin: Any, label: str, hook: str, **kwargs: Any) -> Any:
         """`_call_own` while validating: a hook that raises refuses the plugin with an error naming
@@ -196,12 +216,18 @@ class PluginManager:
         self.plugins[info.name] = record
         return record
 
-    def _validate_profile(self, plugin: Any, label: str, chip: str, model: Optional[str] = None) -> ChipProfile:
+    def _validate_profile(self, plugin: Any, label: str, chip: str, model: Optional[str] = None,
+                          bound: bool = False) -> ChipProfile:
+        """The profile of `chip`, checked. At registration only `plugin` answers; once `bound`
+        (bind time), the call is dispatched like every chip-scoped hook (add-ons take part)."""
         try:
             # A profile the hook builds itself fails inside the hook: that is still a profile that
             # does not validate (ProfileValidationError), not a crash of the hook.
             try:
-                prof = self._call_own(plugin, "hal_chip_profile", chip=chip, model=model)
+                if bound:
+                    prof = self._caller("hal_chip_profile", keep=plugin)(chip=chip, model=model)
+                else:
+                    prof = self._call_own(plugin, "hal_chip_profile", chip=chip, model=model)
             except (ValidationError, HalError):
                 raise
             except Exception as exc:
@@ -221,12 +247,25 @@ class PluginManager:
         return prof
 
     def _kernels_from(self, plugin: Any, label: str, chip: str, emulated: bool) -> list[OpKernel]:
+        """`plugin`'s own kernels for `chip` (validation at registration)."""
         if self.pm.parse_hookimpl_opts(plugin, "hal_op_kernels") is None:
             return []
-        kernels = self._call_checked(plugin, label, "hal_op_kernels", chip=chip, emulated=emulated) or []
-        if not isinstance(kernels, (list, tuple)):
-            raise PluginValidationError(label, "hal_op_kernels", f"chip {chip!r}: returned {kernels!r}, "
+        results = self._call_checked(plugin, label, "hal_op_kernels", chip=chip, emulated=emulated) or []
+        return self._checked_kernels(results, plugin, label, chip)
+
+    def _checked_kernels(self, results: Any, plugin: Any, label: str, chip: str) -> list[OpKernel]:
+        """Flatten pluggy's list of per-implementation results and check every kernel."""
+        if not isinstance(results, list):
+            raise PluginValidationError(label, "hal_op_kernels", f"chip {chip!r}: returned {results!r}, "
                                         f"expected a list of hal.OpKernel")
+        kernels = []
+        for r in results:
+            if r is None:
+                continue
+            if not isinstance(r, (list, tuple)):
+                raise PluginValidationError(label, "hal_op_kernels", f"chip {chip!r}: returned {r!r}, "
+                                            f"expected a list of hal.OpKernel")
+            kernels.extend(r)
         out = []
         for k in kernels:
             if not isinstance(k, OpKernel):
@@ -260,10 +299,12 @@ class PluginManager:
         return spec, self.plugins[plugin]
 
     def call_owner(self, chip: str, hook: str, **kwargs: Any) -> Any:
-        """Call `hook` on the plugin that owns `chip`; errors name plugin and hook."""
+        """Dispatch chip-scoped `hook` through pluggy: the owner of `chip` plus every plugin that
+        declares no chip (add-ons: wrappers, tryfirst overrides), without the other chips' owners.
+        Errors name the owner and the hook."""
         _, rec = self._owner(chip)
         try:
-            return self._call_own(rec.module, hook, chip=chip, **kwargs)
+            return self._caller(hook, keep=rec.module)(**self._spec_args(hook, dict(kwargs, chip=chip)))
         except HalError:
             raise
         except Exception as exc:
@@ -277,17 +318,29 @@ class PluginManager:
 
     def profile(self, chip: str, model: Optional[str] = None) -> ChipProfile:
         _, rec = self._owner(chip)
-        return self._validate_profile(rec.module, rec.name, chip, model)
+        return self._validate_profile(rec.module, rec.name, chip, model, bound=True)
 
     def capabilities(self, chip: str) -> CapabilityMatrix:
         return self.call_owner(chip, "hal_collective_capabilities")
 
     def op_kernels(self, chip: str, emulated: bool) -> list[OpKernel]:
-        """All plugins' kernels for `chip`, highest priority first (stable by registration)."""
+        """All plugins' kernels for `chip`, highest priority first (stable by registration).
+
+        Each provider is asked through pluggy with the other providers removed (wrapper-only
+        plugins stay), so every kernel is attributed to the plugin that returned it."""
         kernels: list[OpKernel] = []
-        for rec in self.plugins.values():
-            kernels.extend(self._kernels_from(rec.module, rec.name, chip, emulated))
+        providers = [rec for rec in self.plugins.values() if self._provides(rec.module, "hal_op_kernels")]
+        for rec in providers:
+            others = [p.module for p in providers if p is not rec]
+            caller = self.pm.subset_hook_caller("hal_op_kernels", others) if others else self.pm.hook.hal_op_kernels
+            kernels.extend(self._checked_kernels(caller(chip=chip, emulated=emulated), rec.module, rec.name,
+                                                 chip))
         return sorted(kernels, key=lambda k: -k.priority)
+
+    def _provides(self, plugin: Any, hook: str) -> bool:
+        """Whether `plugin` has a plain (non-wrapper) implementation of `hook`."""
+        opts = self.pm.parse_hookimpl_opts(plugin, hook)
+        return opts is not None and not (opts.get("wrapper") or opts.get("hookwrapper"))
 
     def plugin_of(self, chip: str) -> PluginRecord:
         return self._owner(chip)[1]

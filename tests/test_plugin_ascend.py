@@ -16,6 +16,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+import torch
 
 import hal
 import hal_ascend
@@ -52,7 +53,7 @@ def test_absent_here_and_native_bind_refused():
     with pytest.raises(hal.ChipUnavailableError, match="hook 'hal_device_runtime'.*torch_npu is not installed"):
         hal_ascend.hal_device_runtime("ascend")
     with pytest.raises(hal.ChipUnavailableError, match="ProcessGroupHCCL is unavailable"):
-        hal_ascend.hal_create_process_group("ascend", None, 0, 1, timedelta(seconds=5))
+        hal_ascend.hal_create_process_group("ascend", None, 0, 1, timedelta(seconds=5), [0], "g")
 
 
 def test_adapter_that_fails_to_import_reads_as_absent(tmp_path, monkeypatch):
@@ -65,17 +66,21 @@ def test_adapter_that_fails_to_import_reads_as_absent(tmp_path, monkeypatch):
     assert found["native"] is False and "Two accelerators" in found["reason"]
 
 
-@pytest.mark.parametrize("seconds, exec_s, connect_s", [
-    (1, 68, 120),        # both floors: 68 s (one HCCL step), 120 s (HCCL_CONNECT_TIMEOUT minimum)
-    (600, 612, 600),     # ceil(600 / 68) = 9 steps = 612 s
-    (1800, 1836, 1800),  # 27 x 68 = 1836 s, HCCL's own default
-    (7300, 7344, 7200),  # connect capped at 7200 s
-    (30000, 17340, 7200),  # exec capped at 255 x 68 = 17340 s
+@pytest.mark.parametrize("seconds, soc, exec_s, connect_s", [
+    (1, None, 68, 120),         # both floors: 68 s (one HCCL step), 120 s (HCCL_CONNECT_TIMEOUT minimum)
+    (600, None, 544, 600),      # 8 x 68 = 544 < 600: HCCL gives up before the watchdog
+    (1800, None, 1768, 1800),   # 26 x 68
+    (7300, None, 7276, 7200),   # connect capped at 7200 s
+    (30000, None, 17340, 7200),  # exec capped at 255 x 68 = 17340 s (training products' maximum)
+    (600, 221, 599, 600),       # Atlas A2 (Ascend910B2) takes any whole number of seconds
+    (1, 250, 1, 120),           # A3: at least 1 s
 ])
-def test_hccl_timeouts_from_hal_timeout(seconds, exec_s, connect_s):
-    env = hal_ascend.hccl_timeout_env(timedelta(seconds=seconds))
+def test_hccl_timeouts_from_hal_timeout(seconds, soc, exec_s, connect_s):
+    env = hal_ascend.hccl_timeout_env(timedelta(seconds=seconds), soc)
     assert env == {"HCCL_EXEC_TIMEOUT": str(exec_s), "HCCL_CONNECT_TIMEOUT": str(connect_s)}
-    assert exec_s % 68 == 0 and (exec_s >= seconds or exec_s == 17340)
+    assert exec_s < seconds or exec_s in (1, 68)  # torch_npu's order: HCCL first, then the watchdog
+    if soc is None:
+        assert exec_s % 68 == 0
 
 
 def test_hccl_timeouts_refuse_nonpositive():
@@ -84,9 +89,10 @@ def test_hccl_timeouts_refuse_nonpositive():
 
 
 def test_capability_matrix_as_torch_npu_says():
-    m = hal_ascend.hccl_capabilities()
+    m = hal_ascend.hccl_capabilities()  # no device selected: the A2 matrix (default 910B2)
     assert not any(e[0] == "gather" for e in m.entries)  # HCCL has no gather: built from all_gather
-    assert m.supports("all_gather", "float64") and m.supports("broadcast", "float8_e4m3fn")
+    assert m.supports("all_gather", "float64") and m.supports("broadcast", "bfloat16")
+    assert not m.supports("broadcast", "float8_e4m3fn")  # fp8 data movement: Ascend 950 only
     assert not m.supports("all_reduce", "float64", "sum")  # reductions: no fp64 (Ascend950 only)
     assert m.supports("all_reduce", "bool", "sum") and m.supports("reduce", "uint8", "max")  # cast to int32
     assert not m.supports("reduce_scatter", "bool", "sum")  # reduce_scatter does not cast
@@ -94,12 +100,33 @@ def test_capability_matrix_as_torch_npu_says():
     assert m.supports("all_reduce", "float16", "premul_sum") and not m.supports("all_reduce", "int8", "premul_sum")
     assert not any(m.supports("all_reduce", "float32", op) for op in ("band", "bor", "bxor"))
     assert m.supports("scatter", "int16") and m.supports("all_to_all_single", "bfloat16")
-    assert "ProcessGroupHCCL.cpp" in m.source
+    assert "ProcessGroupHCCL.cpp" in m.source and "SoC unknown" in m.source
+
+
+@pytest.mark.parametrize("soc, fp8, bf16_sum, bf16_prod, int16_prod, int16_sum, int64_sum, bf16_move", [
+    (221, False, True, False, False, True, True, True),    # Atlas A2 (910B2): no PRODUCT for int16/bf16
+    (250, False, True, False, False, True, True, True),    # Atlas A3 (910_9391): as A2
+    (102, False, False, False, False, False, True, False),  # Atlas training (910A): no bf16, no int16 reductions
+    (260, True, True, False, False, True, False, True),    # Ascend 950: fp8 moves; no int64 reductions in CANN's list
+])
+def test_capability_matrix_depends_on_the_soc(soc, fp8, bf16_sum, bf16_prod, int16_prod, int16_sum, int64_sum,
+                                              bf16_move):
+    m = hal_ascend.hccl_capabilities("ascend", soc)
+    got = (m.supports("broadcast", "float8_e4m3fn"), m.supports("all_reduce", "bfloat16", "sum"),
+           m.supports("all_reduce", "bfloat16", "product"), m.supports("all_reduce", "int16", "product"),
+           m.supports("all_reduce", "int16", "sum"), m.supports("all_reduce", "int64", "sum"),
+           m.supports("all_gather", "bfloat16"))
+    assert got == (fp8, bf16_sum, bf16_prod, int16_prod, int16_sum, int64_sum, bf16_move)
+    assert m.supports("all_reduce", "float32", "product") and f"SoC version {soc}" in m.source
 
 
 def test_native_bind_selects_device_by_local_rank(worker):
     r = run(worker, cases.native_bind, 6, "4,5,6,7", "Ascend910B3")
     assert ("set_device", (2,)) in r["calls"]  # LOCAL_RANK 6 % 4 visible NPUs
+    # No context on NPU 0: the device was selected before any torch.npu query (failed before: the
+    # device name was read first, and torch_npu's current_device() opened a context on NPU 0).
+    assert r["contexts"] == [2], r["first_context"]
+    assert "SoC version 223" in r["capabilities_source"]  # read on the selected NPU
     assert r["device"] == "npu:2" and r["emulated"] is False and r["runtime"] == "NpuRuntime"
     assert r["profile"] == hal.catalog.get("ascend", "910B3").model  # picked by 'Ascend910B3'
     assert r["memory"] == (60 * 2**30, 64 * 2**30) and r["stream"] == "torch_npu.npu"
@@ -113,12 +140,44 @@ def test_process_group_hccl_with_timeouts_set_before_creation(worker):
     r = run(worker, cases.process_groups, [600, 1800], {"HCCL_CONNECT_TIMEOUT": "300"})
     (args0, kw0), (args1, kw1) = r["groups"]
     assert args0 == (1, 2) and kw0["timeout_s"] == 600 and kw0["is_high_priority_stream"] is False
-    # The variables were already set when the group was constructed (HCCL reads them then).
-    assert kw0["env"] == {"HCCL_EXEC_TIMEOUT": "612", "HCCL_CONNECT_TIMEOUT": "600"}
-    assert kw0["group_id"] != kw1["group_id"] and kw1["timeout_s"] == 1800
+    # Set before the group was constructed, HCCL_EXEC_TIMEOUT below the group timeout as torch_npu
+    # expects (failed before: 612 >= 600, and ProcessGroupHCCL warned the plog may not be recorded).
+    assert kw0["env"] == {"HCCL_EXEC_TIMEOUT": "599", "HCCL_CONNECT_TIMEOUT": "600"}
+    assert not any("plog may not be recorded" in m for ws in r["warnings"] for m in ws), r["warnings"]
+    assert r["exec_timeout_first_read"] == 599 and kw1["timeout_s"] == 1800
     assert any("HCCL_CONNECT_TIMEOUT=300 (set in the environment) replaced by 600" in m for m in r["warnings"][0])
     # torch_npu keeps the first process-wide value: the second group is told so.
-    assert any("keeps it; this group asked for 1836" in m for m in r["warnings"][1])
+    assert any("keeps it; this group asked for 1799" in m for m in r["warnings"][1])
+
+
+def test_hccl_timeout_on_the_training_series_and_too_short(worker):
+    r = run(worker, cases.process_groups, [600], {}, "Ascend910A")
+    assert r["groups"][0][1]["env"]["HCCL_EXEC_TIMEOUT"] == "544"  # 8 x 68 s < 600 s
+    r = run(worker, cases.process_groups, [30], {}, "Ascend910A")
+    assert any("too short for HCCL to time out first" in m for m in r["warnings"][0])
+
+
+def test_process_group_gets_global_ranks_and_group_id(worker):
+    """group_id = the group's name (torch_npu hashes it into the HCCL comm id) and
+    global_ranks_in_group = its global ranks (empty would make it the global group), as
+    _new_process_group_hccl_helper sets them. Failed before: a per-process counter 'hal_hccl_<n>'
+    and no global ranks."""
+    r = run(worker, cases.process_groups, [600, 600], {}, "Ascend910B2", [3, 5], "hetero/intra/1")
+    (_, kw0), (_, kw1) = r["groups"]
+    assert (kw0["group_id"], kw1["group_id"]) == ("hetero/intra/1.0", "hetero/intra/1.1")
+    assert kw0["global_ranks_in_group"] == [3, 5]
+
+
+def test_hccl_options_are_fixed_like_pybind(worker):
+    assert run(worker, cases.options_reject, "group_name") == "AttributeError: 'Options' object has no attribute 'group_name'"
+    assert run(worker, cases.options_reject, "group_id") is None
+
+
+def test_capabilities_of_the_bound_product(worker):
+    a2 = run(worker, cases.capabilities, "Ascend910B3")["declared"]
+    assert a2["all_reduce/bfloat16/product"] is False and a2["all_reduce/bfloat16/sum"] is True
+    a950 = run(worker, cases.capabilities, "Ascend950")["declared"]
+    assert a950["broadcast/float8_e4m3fn/-"] is True and a950["all_reduce/int64/sum"] is False
 
 
 def test_fused_ops_called_with_vendor_signatures(worker):
@@ -138,6 +197,10 @@ def test_fused_ops_called_with_vendor_signatures(worker):
     masked = r["sdpa_bool_mask"]
     assert masked["calls"][0][2]["atten_mask"] == ("tensor", (2, 1, 6, 9), "bool")  # B1SS
     assert masked["fa_mask_is_complement"] and masked["dead_row_zero"] and not masked["nan"]
+    # A fully masked row asks for the doc's invalid-row computation; a mask without one does not
+    # (it costs speed). Failed before: inner_precise was never passed.
+    assert masked["calls"][0][2]["inner_precise"] == 2
+    assert r["sdpa_live_mask"]["calls"][0][2]["inner_precise"] == 0 and r["sdpa_live_mask"]["err"] < 1e-5
     heads = r["sdpa_head_mask_causal"]
     assert heads["calls"][0][2]["atten_mask"] == ("tensor", (2, 4, 6, 9), "bool")  # 1NSS -> BNSS
     for case in ("sdpa_plain", "sdpa_causal", "sdpa_bool_mask", "sdpa_head_mask_causal"):
@@ -161,13 +224,32 @@ def test_ascend_kernels_pass_the_golden(worker):
 
 
 @pytest.mark.parametrize("name, fused", [
-    ("Ascend910B2", {"rms_norm", "scaled_dot_product_attention", "rotary_embedding", "swiglu"}),
-    ("Ascend910_9391", {"rms_norm", "rotary_embedding"}),   # A3: FA and swiglu docs list A2 only
-    ("Ascend910A", {"rms_norm"}),                           # Atlas training: rms_norm only
+    ("Ascend910B2", {"rms_norm", "scaled_dot_product_attention", "rotary_embedding", "swiglu", "adamw_step"}),
+    ("Ascend910_9391", {"rms_norm", "rotary_embedding", "adamw_step"}),   # A3: FA and swiglu docs list A2 only
+    ("Ascend910A", {"rms_norm"}),                           # Atlas training: rms_norm only, no aclnnApplyAdamWV2
+    ("Ascend950", {"rms_norm", "scaled_dot_product_attention"}),  # no aclnnApplyAdamWV2 listed for 950
 ])
 def test_fused_kernels_only_where_documented(worker, name, fused):
     got = run(worker, cases.family_kernels, name)
-    assert {op for op, label in got.items() if label.startswith("torch_npu.")} == fused
+    assert {op for op, label in got.items() if "npu" in label or "aclnn" in label} == fused
+
+
+def test_fused_adamw_only_for_the_dtypes_aclnn_takes():
+    from hal.ops import reference
+    from hal_ascend import kernels
+    assert kernels.make_adamw("training") is None and kernels.make_adamw("950") is None
+    calls = []
+    step = kernels.make_adamw("A2", fused=lambda *a: calls.append(a[0][0].dtype))
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        p = [torch.ones(3, dtype=dtype)]
+        g, m, v = [torch.full((3,), 0.5, dtype=dtype)], [torch.zeros(3, dtype=dtype)], [torch.zeros(3, dtype=dtype)]
+        step(p, g, m, v, 1, 1e-2, 0.9, 0.999, 1e-8, 0.0)
+    assert calls == [torch.float32, torch.bfloat16, torch.float16]  # float64 took the reference
+    p, ref_p = [torch.ones(3)], [torch.ones(3)]
+    mixed = ([torch.full((3,), 0.5, dtype=torch.bfloat16)], [torch.zeros(3)], [torch.zeros(3)])
+    step(p, *mixed, 1, 1e-2, 0.9, 0.999, 1e-8, 0.0)
+    reference.adamw_step(ref_p, [mixed[0][0].clone()], [torch.zeros(3)], [torch.zeros(3)], 1, 1e-2, 0.9, 0.999, 1e-8, 0.0)
+    assert len(calls) == 3 and torch.equal(p[0], ref_p[0])  # mixed dtypes: the reference
 
 
 def test_no_ascend_kernels_when_emulated():

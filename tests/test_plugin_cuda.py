@@ -114,7 +114,7 @@ def test_unknown_gpu_gets_a_profile_of_unknowns(pm, fake_nvidia):
 def test_process_group_is_nccl_with_hal_timeout(pm, fake_nvidia):
     acc = hal.bind("cuda", emulated=False, pm=pm)
     store = dist.HashStore()
-    pg = acc.new_process_group(store, 1, 4, timedelta(seconds=42))
+    pg = acc.new_process_group(store, 1, 4, timedelta(seconds=42), global_ranks=[0, 2, 5, 7], group_name="g3")
     assert isinstance(pg, fake_nccl.FakeProcessGroupNCCL)
     rec = fake_nccl.CREATED[-1]
     assert rec["store"] is store and (rec["rank"], rec["size"]) == (1, 4)
@@ -122,15 +122,88 @@ def test_process_group_is_nccl_with_hal_timeout(pm, fake_nvidia):
     assert rec["seq_set"] is True
     # The plugin manager wraps the ValueError, naming plugin and hook.
     with pytest.raises(hal.PluginHookError, match="plugin 'cuda', hook 'hal_create_process_group'.*timeout must be a positive"):
-        acc.new_process_group(store, 0, 2, timedelta(0))
+        acc.new_process_group(store, 0, 2, timedelta(0), group_name="g")
     with pytest.raises(hal.PluginHookError, match=r"rank 5 is not in \[0, world_size=2\)"):
-        acc.new_process_group(store, 5, 2, timedelta(seconds=1))
+        acc.new_process_group(store, 5, 2, timedelta(seconds=1), group_name="g")
+
+
+def test_process_group_gets_global_ranks_and_group_name(pm, fake_nvidia):
+    """As _new_process_group_helper (torch 2.13) fills ProcessGroupNCCL.Options: global_ranks_in_group
+    and group_name, the same on every member (failed before contract 1.1: neither reached NCCL)."""
+    acc = hal.bind("cuda", emulated=False, pm=pm)
+    acc.new_process_group(dist.HashStore(), 1, 3, timedelta(seconds=42), global_ranks=[4, 6, 7],
+                          group_name="hetero/intra/1")
+    rec = fake_nccl.CREATED[-1]
+    assert rec["global_ranks_in_group"] == [4, 6, 7] and rec["group_name"] == "hetero/intra/1"
+    # Without them (a caller that does not know), ranks 0..n-1 and a name agreed through the store.
+    store = dist.HashStore()
+    acc.new_process_group(store, 0, 2, timedelta(seconds=5))
+    first = fake_nccl.CREATED[-1]["group_name"]
+    acc.new_process_group(store, 0, 2, timedelta(seconds=5))
+    assert fake_nccl.CREATED[-2]["global_ranks_in_group"] == [0, 1]
+    assert first.startswith("hal-") and fake_nccl.CREATED[-1]["group_name"] != first
+    with pytest.raises(ValueError, match=r"global_ranks=\[3, 3\] must be 2 distinct"):
+        acc.new_process_group(store, 0, 2, timedelta(seconds=5), global_ranks=[3, 3], group_name="x")
+
+
+def test_nccl_options_are_fixed_like_pybind():
+    opts = fake_nccl.FakeProcessGroupNCCL.Options()
+    opts.group_name = "g"
+    with pytest.raises(AttributeError, match="has no attribute 'group_id'"):
+        opts.group_id = "g"  # HCCL's field name, not NCCL's
+    with pytest.raises(AttributeError):
+        opts.backend = "gloo"
+
+
+def test_nccl_timeout_reaches_the_bridge_as_a_catchable_error(pm, fake_nvidia, monkeypatch):
+    """A collective a peer never joins: the bridge's wait raises StageFailure within the group
+    timeout, and the process is not torn down (TORCH_NCCL_ASYNC_ERROR_HANDLING=2, CleanUpOnly).
+    Before: the variable was left at torch's default 3 (the watchdog kills the process) and the
+    bridge's wait returned at once on an unfinished NCCL work."""
+    import time
+
+    from ccl_bridge.ccl import Ccl, StageFailure
+    acc = hal.bind("cuda", emulated=False, pm=pm)
+    store, t = dist.HashStore(), timedelta(seconds=0.5)
+    pgs = [acc.new_process_group(store, r, 2, t, global_ranks=[0, 1], group_name="g") for r in (0, 1)]
+    assert all(pg.async_error_handling == 2 for pg in pgs)
+    ccl = Ccl(pgs[0], acc.capabilities, "cuda sub-cluster CCL (ranks [0, 1])", 0, 2, torch.device("cuda", 0), t)
+    x = torch.ones(8)
+    h = ccl.all_reduce(x, "sum")  # rank 1 never calls
+    t0 = time.monotonic()
+    with pytest.raises(StageFailure, match="all_reduce float32 sum on cuda sub-cluster CCL.*timing out"):
+        h.wait()
+    assert time.monotonic() - t0 < 30  # bounded (never a hang); no figure is asserted
+    time.sleep(0.7)  # past the watchdog's timeout too
+    assert fake_nccl.TEARDOWNS == []
+    # A user who chose a teardown mode is told what it costs.
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    with pytest.warns(RuntimeWarning, match="TORCH_NCCL_ASYNC_ERROR_HANDLING=3.*tears the process down"):
+        acc.new_process_group(store, 0, 2, t, global_ranks=[0, 1], group_name="g2")
+
+
+def test_probe_is_fork_safe(fake_nvidia):
+    """The availability probe counts GPUs through NVML (torch.cuda.device_count before CUDA is
+    initialised) and never calls is_available(), whose cudaGetDeviceCount runs cuInit and breaks
+    every later fork() (the bridge and torch's DataLoader fork). Failed before: is_available()."""
+    found = hal_cuda.probe()
+    assert found["native"] is True and found["device_count"] == 2
+    assert fake_nvidia.fork_poisoned_by == [], fake_nvidia.fork_poisoned_by
+
+
+def test_native_bind_selects_the_device_before_asking_anything(pm, fake_nvidia, monkeypatch):
+    """set_device(LOCAL_RANK % n) comes before the device name or capability queries; asking first
+    opens a context on device 0 in every rank (failed before: current_device() came first)."""
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    hal.bind("cuda", emulated=False, pm=pm)
+    first = next(c for c in fake_nvidia.calls if c[0] != "is_available")
+    assert first == ("set_device", 1), fake_nvidia.calls
 
 
 def test_process_group_without_nccl_build(monkeypatch):
     monkeypatch.delattr(dist, "ProcessGroupNCCL", raising=False)
     with pytest.raises(hal.ChipUnavailableError, match="no NCCL"):
-        hal_cuda.hal_create_process_group("cuda", dist.HashStore(), 0, 1, timedelta(seconds=5))
+        hal_cuda.hal_create_process_group("cuda", dist.HashStore(), 0, 1, timedelta(seconds=5), [0], "g")
 
 
 def test_capability_matrix_as_torch_source_says():

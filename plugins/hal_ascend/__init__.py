@@ -9,7 +9,9 @@ the submodules.
 """
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
+from typing import Optional
 
 import torch
 
@@ -21,7 +23,8 @@ from .probe import probe
 from .runtime import NpuRuntime
 
 __version__ = "0.1.0"
-__all__ = ["CHIP", "probe", "NpuRuntime", "hccl_capabilities", "hccl_timeout_env", "apply_hccl_timeouts"]
+__all__ = ["CHIP", "probe", "NpuRuntime", "hccl_capabilities", "hccl_timeout_env", "apply_hccl_timeouts",
+           "current_soc_version"]
 
 CHIP = hal.ChipSpec(name="ascend", vendor="Huawei", torch_device_type="npu", ccl_backend="hccl",
                     ccl_name="HCCL", visible_devices_env="ASCEND_RT_VISIBLE_DEVICES",
@@ -41,17 +44,23 @@ def hal_chips():
 
 @hal.hookimpl
 def hal_native_available(chip):
+    if chip != CHIP.name:
+        return None  # not ours (an add-on or a pluggy subset may ask any plugin)
     return bool(probe()["native"])
 
 
 @hal.hookimpl
 def hal_chip_profile(chip, model):
+    if chip != CHIP.name:
+        return None
     from hal import catalog  # imported at first use so that importing the plugin stays cheap
     return catalog.profile_for(chip, model, ("float32", "bfloat16", "float16", "int8"))
 
 
 @hal.hookimpl
 def hal_device_runtime(chip):
+    if chip != CHIP.name:
+        return None
     found = probe()
     if not found["native"]:
         raise hal.ChipUnavailableError(f"plugin 'ascend', hook 'hal_device_runtime': chip 'ascend' is not "
@@ -60,13 +69,33 @@ def hal_device_runtime(chip):
 
 
 @hal.hookimpl
-def hal_create_process_group(chip, store, rank, world_size, timeout: timedelta):
-    return create_hccl_process_group(store, rank, world_size, timeout, chip=chip)
+def hal_create_process_group(chip, store, rank, world_size, timeout: timedelta, global_ranks, group_name):
+    if chip != CHIP.name:
+        return None
+    return create_hccl_process_group(store, rank, world_size, timeout, global_ranks, group_name, chip=chip,
+                                     soc_version=current_soc_version())
 
 
 @hal.hookimpl
 def hal_collective_capabilities(chip):
-    return hccl_capabilities(chip)
+    if chip != CHIP.name:
+        return None
+    return hccl_capabilities(chip, current_soc_version())
+
+
+def current_soc_version() -> Optional[int]:
+    """`torch.npu.get_soc_version()` once this process has selected its NPU, else None. Never
+    initialises the NPU itself: get_soc_version runs `_lazy_init()`, which opens a context on the
+    current device (device 0 before set_device) -- torch_npu/npu/_backends.py @9e73e708."""
+    if "torch_npu" not in sys.modules:
+        return None
+    npu = getattr(torch, "npu", None)
+    try:
+        if npu is None or not npu.is_initialized():
+            return None
+        return int(npu.get_soc_version())
+    except Exception:
+        return None
 
 
 @hal.hookimpl
@@ -74,8 +103,10 @@ def hal_op_kernels(chip, emulated):
     if chip != "ascend" or emulated:
         return None  # the fused kernels need the NPU; emulated chips use hal_cpu's CPU kernels
     import torch_npu  # bound natively, so it imports (the probe said so)
+    # Called at bind time after the accelerator selected this rank's NPU, so these queries read
+    # that device (not device 0).
     try:
         name = torch.npu.get_device_name(torch.npu.current_device())
     except Exception:
         name = ""  # unknown product: only the kernels every product has
-    return kernels.op_kernels(torch_npu, name)
+    return kernels.op_kernels(torch_npu, name, current_soc_version())

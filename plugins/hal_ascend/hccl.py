@@ -3,89 +3,142 @@
 Sources (Ascend/pytorch master, commit 9e73e708, which builds torch_npu for torch 2.13-2.15):
 - torch_npu/csrc/distributed/ProcessGroupHCCL.cpp: `hcclOp` maps MIN, MAX, SUM, PRODUCT; BAND, BOR,
   BXOR raise "Cannot use ReduceOp.BAND with HCCL"; AVG is a SUM followed by `tensor.div_(size)` on the
-  PG's stream, which fails for integer tensors (true division into an int tensor) except on
-  Ascend950, so AVG is declared for floating dtypes only; PREMUL_SUM multiplies first and accepts
-  half, float, bfloat16, double; bool SUM becomes MAX. `checkSupportedDataType` limits the
-  reductions (allreduce, reduce, reduce_scatter, _reduce_scatter_base) to int8, int16, int32, int64,
-  float16, float32, bfloat16 (uint64/float64 only on Ascend950); allreduce and reduce first cast
-  bool and uint8 to int32 (so they reduce too), reduce_scatter does not. AllGather and Broadcast
-  "support all data type", as do all_to_all, scatter and send/recv: every dtype in
-  `kScalarTypeToHcclDataType` (torch_npu/csrc/distributed/HCCLUtils.cpp), which includes
-  float64 and float8_e4m3fn/e5m2 (the float8 entries are new in master; v7.3.0 lacked them).
+  PG's stream, which fails for integer tensors (true division into an int tensor), so AVG is declared
+  for floating dtypes only; PREMUL_SUM multiplies first and accepts half, float, bfloat16, double;
+  bool SUM becomes MAX. `checkSupportedDataType` limits the reductions to int8, int16, int32, int64,
+  float16, float32, bfloat16 (uint64/float64 only on Ascend950); allreduce and reduce first cast bool
+  and uint8 to int32 (so they reduce too), reduce_scatter does not. AllGather and Broadcast "support
+  all data type", as do all_to_all, scatter and send/recv: every dtype in `kScalarTypeToHcclDataType`
+  (HCCLUtils.cpp), float8 included -- *as far as torch_npu is concerned*.
+- What HCCL itself accepts depends on the product (the SoC, `torch.npu.get_soc_version()`, values in
+  torch_npu/csrc/core/npu/NpuVariables.h: 100-104 Atlas training series (910A/910 Pro), 220-225 Atlas
+  A2 (910B1-B4), 250-256 Atlas A3 (910_93xx), 260 Ascend 950). CANN HCCL API references:
+  hcclpython allreduce (CANN 8.0.RC2, hcclpython_07_0018): Atlas training series reduce int8, int32,
+  int64, float16, float32 (no int16, no bfloat16); Atlas A2 adds int16 and bfp16 but "prod" supports
+  neither int16 nor bfp16; HcclAllGather (CANN 8.0.alpha001, hcclcpp_07_0023): the training series
+  moves int8..float64 without bfp16, A2 with bfp16; float8 (fp8-e4m3/e5m2) appears only in the Ascend
+  950 tables (CANN/HCCL "Server间通信算法支持度列表", 950PR/950DT), whose AllReduce/Reduce/ReduceScatter
+  list int8, int16, int32, float16, float32, bfp16 (no int64). A3 is declared like A2 (same rules in
+  the HCCL_ALGO tables of CANN 8.1.RC1 envref_07_0079, which list A2 and A3 together). Where torch_npu
+  and CANN differ we declare the intersection; undeclared means "emulated by the bridge", never
+  "known broken". 310P/310B inference parts and unknown SoCs get the training-series matrix.
+  Before a device is selected (plugin validation, emulated chips) the SoC is unknown and the matrix
+  is the A2 one: the catalog's default Ascend is the 910B2.
 - gather: HCCL has no gather primitive. torch_npu's `dist.gather` replaces it with all_gather
-  (torch_npu/distributed/distributed_c10d.py `_gather`, "Npu replaces gather with all_gather in
-  default mode"); the PG's own `gather` raises in v7.3.0 and is send/recv-based only in master.
-  So gather is *not* declared native: the HAL bridge builds it from all_gather.
+  (torch_npu/distributed/distributed_c10d.py `_gather`), so gather is *not* declared native.
 - creation: torch_npu/_init/registry/distributed.py `_new_process_group_hccl_helper`:
   `ProcessGroupHCCL.Options()`, `is_high_priority_stream = False`, `_timeout = timeout`,
-  `group_id`, then `ProcessGroupHCCL(store, group_rank, group_size, options)`.
+  `global_ranks_in_group = dist_backend_opts.global_ranks_in_group`, `group_id =
+  dist_backend_opts.group_id` (torch's group name), then `ProcessGroupHCCL(store, rank, size, options)`.
+  We pass the hook's `global_ranks` and `group_name` the same way: ProcessGroupHCCL.cpp derives the
+  HCCL communicator id from `std::hash<string>{}(group_id)` and treats an empty
+  `global_ranks_in_group` as the global group, so both must be the group's own and equal on every
+  member (a per-process counter is not: processes in different groups count differently).
 
-Timeouts. HCCL keeps two of its own, read from the environment when a communicator is built:
-HCCL_CONNECT_TIMEOUT (link setup; integer seconds in [120, 7200], default 120: CANN env reference
-envref_07_0077) and HCCL_EXEC_TIMEOUT (how long a device waits for its peers inside a collective;
-default 1836 s; Atlas A2/A3 accept [0, 2^31-1], Atlas training products (0, 17340] and round the
-value *down* to a multiple of 68 s: CANN envref_07_0078). We derive both from the HAL timeout T and
-set them in os.environ before constructing the group (HCCL reads them through getenv then; the
-Python process environment is the C environment):
-  HCCL_EXEC_TIMEOUT    = clamp(ceil(T / 68) * 68, 68, 17340)  -- a multiple of 68 is exact everywhere
+Timeouts (what a timeout does on HCCL). HCCL keeps two of its own, read from the environment:
+HCCL_CONNECT_TIMEOUT (link setup; seconds in [120, 7200], default 120: CANN envref_07_0077) and
+HCCL_EXEC_TIMEOUT (how long a device waits for its peers inside a collective; default 1836 s;
+Atlas A2/A3 accept [0, 2^31-1] s, Atlas training products (0, 17340] and round *down* to a multiple of
+68 s: CANN envref_07_0078). torch_npu expects HCCL to give up *before* the group's watchdog: with a
+group timeout T <= HCCL_EXEC_TIMEOUT it warns "The watchdog timeout ... is less than or equal to HCCL
+execution timeout ... The plog may not be recorded" (ProcessGroupHCCL.cpp, constructor), because
+HCCL's device-side logs are written when HCCL times out. So we set, before the first group exists:
+  HCCL_EXEC_TIMEOUT    = the largest multiple of 68 s below T (training series and unknown SoCs), or
+                         ceil(T) - 1 s (A2/A3/950, which take any value); at least 1 s / 68 s
   HCCL_CONNECT_TIMEOUT = clamp(ceil(T), 120, 7200)
-so HCCL never gives up before the HAL does, and ProcessGroupHCCL's watchdog (options._timeout = T)
-raises at T. torch_npu reads HCCL_EXEC_TIMEOUT once per process (a function-static in
-WorkHCCL::checkExec and a call_once for the op-wait timeout), so a later group with another timeout
-keeps the first value; we warn when that happens.
+A T too small for that order (T <= 68 s on the training series) is warned about. torch_npu reads
+HCCL_EXEC_TIMEOUT once per process (a `call_once` for the op-wait timeout and a function-static in
+`WorkHCCL::checkExec`), so the first group fixes it; a later group with another T is warned about.
+A collective that outlives T: HCCL fails it on the device, then ProcessGroupHCCL's watchdog (options
+._timeout = T) marks the work failed; TORCH_HCCL_ASYNC_ERROR_HANDLING decides whether it then tears
+the process down (torch_npu's default) -- the bridge waits with `work.wait(timeout)` so it gets the
+error first.
 """
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import warnings
 from datetime import timedelta
-from typing import Any, MutableMapping, Optional
+from typing import Any, MutableMapping, Optional, Sequence
 
 import hal
 from hal.capabilities import COLLECTIVES, REDUCING
+from hal.contract import check_process_group_args
 
 HCCL_EXEC_STEP_S = 68
 HCCL_EXEC_MAX_S = 17340  # Atlas training products' maximum (= 255 x 68); A2/A3 allow more
 HCCL_CONNECT_MIN_S, HCCL_CONNECT_MAX_S = 120, 7200
 
-_REDUCE_DTYPES = ("int8", "int16", "int32", "int64", "float16", "float32", "bfloat16")
 _CAST_TO_INT32 = ("bool", "uint8")  # allreduce / reduce only
 _FLOAT_REDUCE = ("float16", "float32", "bfloat16")
-_MOVE_DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "bool",
-                "bfloat16", "float8_e4m3fn", "float8_e5m2")
+_BASE_MOVE = ("uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "bool")
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
 _NOT_NATIVE = ("gather",)
 
-SOURCE = ("read from Ascend/pytorch@9e73e708 torch_npu/csrc/distributed/ProcessGroupHCCL.cpp "
-          "(hcclOp, getHcclReduceOp, checkSupportedDataType), HCCLUtils.cpp (kScalarTypeToHcclDataType), "
-          "torch_npu/distributed/distributed_c10d.py (_gather via all_gather)")
+# Per product family: the dtypes HCCL reduces, those PRODUCT refuses, those it moves.
+_FAMILIES = {
+    "training": {"reduce": ("int8", "int32", "int64", "float16", "float32"), "no_product": (),
+                 "move": _BASE_MOVE},
+    "A2": {"reduce": ("int8", "int16", "int32", "int64", "float16", "float32", "bfloat16"),
+           "no_product": ("int16", "bfloat16"), "move": _BASE_MOVE + ("bfloat16",)},
+    "950": {"reduce": ("int8", "int16", "int32", "float16", "float32", "bfloat16"),
+            "no_product": ("int16", "bfloat16"), "move": _BASE_MOVE + ("bfloat16",) + _FP8},
+}
+_FAMILIES["A3"] = _FAMILIES["A2"]
+
+SOURCE = ("read from Ascend/pytorch@9e73e708 torch_npu/csrc/distributed/ProcessGroupHCCL.cpp (hcclOp, "
+          "checkSupportedDataType), HCCLUtils.cpp (kScalarTypeToHcclDataType), "
+          "torch_npu/distributed/distributed_c10d.py (_gather via all_gather), intersected with the CANN "
+          "HCCL API references' per-product dtype lists")
 
 
-def hccl_capabilities(chip: str = "ascend") -> hal.CapabilityMatrix:
+def soc_family(soc_version: Optional[int]) -> str:
+    """'A2', 'A3', '950', 'training' (Atlas training series, 310P/310B and unknown SoCs) or 'default'
+    (None: no device selected yet -> the A2 matrix of the catalog's default 910B2)."""
+    if soc_version is None:
+        return "default"
+    v = int(soc_version)
+    if 220 <= v <= 225:
+        return "A2"
+    if 250 <= v <= 256:
+        return "A3"
+    if v >= 260:
+        return "950"
+    return "training"
+
+
+def hccl_capabilities(chip: str = "ascend", soc_version: Optional[int] = None) -> hal.CapabilityMatrix:
+    family = soc_family(soc_version)
+    rules = _FAMILIES["A2" if family == "default" else family]
     entries: set[tuple[str, str, str]] = set()
     for coll in COLLECTIVES:
         if coll in _NOT_NATIVE:
             continue
         if coll not in REDUCING:
-            entries.update((coll, d, "-") for d in _MOVE_DTYPES)
+            entries.update((coll, d, "-") for d in rules["move"])
             continue
-        dtypes = _REDUCE_DTYPES + (_CAST_TO_INT32 if coll in ("all_reduce", "reduce") else ())
+        dtypes = rules["reduce"] + (_CAST_TO_INT32 if coll in ("all_reduce", "reduce") else ())
         for d in dtypes:
-            ops = ["sum", "max", "min", "product"]
+            ops = ["sum", "max", "min"] + ([] if d in rules["no_product"] else ["product"])
             if d in _FLOAT_REDUCE:
                 ops += ["avg", "premul_sum"]
             entries.update((coll, d, op) for op in ops)
-    return hal.CapabilityMatrix(chip=chip, entries=frozenset(entries), source=SOURCE)
+    soc = "SoC unknown (no device selected): A2 matrix" if soc_version is None else \
+        f"SoC version {soc_version} ({family})"
+    return hal.CapabilityMatrix(chip=chip, entries=frozenset(entries), source=f"{SOURCE}; {soc}")
 
 
-def hccl_timeout_env(timeout: timedelta) -> dict[str, str]:
+def hccl_timeout_env(timeout: timedelta, soc_version: Optional[int] = None) -> dict[str, str]:
     """The HCCL timeout variables for HAL timeout `timeout` (see the module docstring)."""
     secs = timeout.total_seconds()
     if secs <= 0:
         raise ValueError(f"HCCL timeouts: the HAL timeout must be positive, got {timeout!r}")
-    exec_s = math.ceil(secs / HCCL_EXEC_STEP_S) * HCCL_EXEC_STEP_S
-    exec_s = min(HCCL_EXEC_MAX_S, max(HCCL_EXEC_STEP_S, exec_s))
+    below = math.ceil(secs) - 1  # HCCL must give up strictly before the group's watchdog
+    if soc_family(soc_version) in ("A2", "A3", "950"):
+        exec_s = max(1, below)
+    else:
+        exec_s = max(HCCL_EXEC_STEP_S, min(HCCL_EXEC_MAX_S, below // HCCL_EXEC_STEP_S * HCCL_EXEC_STEP_S))
     connect_s = min(HCCL_CONNECT_MAX_S, max(HCCL_CONNECT_MIN_S, math.ceil(secs)))
     return {"HCCL_EXEC_TIMEOUT": str(exec_s), "HCCL_CONNECT_TIMEOUT": str(connect_s)}
 
@@ -93,21 +146,26 @@ def hccl_timeout_env(timeout: timedelta) -> dict[str, str]:
 _applied: dict[str, str] = {}  # what this process first gave HCCL (torch_npu keeps it)
 
 
-def apply_hccl_timeouts(timeout: timedelta, env: Optional[MutableMapping[str, str]] = None) -> dict[str, str]:
+def apply_hccl_timeouts(timeout: timedelta, env: Optional[MutableMapping[str, str]] = None,
+                        soc_version: Optional[int] = None) -> dict[str, str]:
     """Set the HCCL timeout variables for `timeout` in `env` (default os.environ), warning when a
-    value the user set is replaced or when torch_npu will keep an earlier group's value."""
+    value the user set is replaced, when torch_npu will keep an earlier group's value, or when
+    `timeout` is too short for HCCL to fail first."""
     env = os.environ if env is None else env
-    want = hccl_timeout_env(timeout)
+    want = hccl_timeout_env(timeout, soc_version)
     secs = timeout.total_seconds()
-    if secs > HCCL_EXEC_MAX_S:
-        warnings.warn(f"HAL timeout {secs:.0f} s exceeds HCCL_EXEC_TIMEOUT's portable maximum "
-                      f"{HCCL_EXEC_MAX_S} s; HCCL may time out first", RuntimeWarning, stacklevel=3)
+    if int(want["HCCL_EXEC_TIMEOUT"]) >= secs:
+        warnings.warn(f"HAL timeout {secs:g} s is too short for HCCL to time out first: "
+                      f"HCCL_EXEC_TIMEOUT cannot go below {want['HCCL_EXEC_TIMEOUT']} s on this product "
+                      f"(SoC {soc_version}); torch_npu will say the plog may not be recorded",
+                      RuntimeWarning, stacklevel=3)
     for name, value in want.items():
         old = env.get(name)
         if name in _applied and _applied[name] != value:
             warnings.warn(f"{name}: torch_npu read {_applied[name]} for this process's first HCCL group "
                           f"and keeps it; this group asked for {value}", RuntimeWarning, stacklevel=3)
-        elif old is not None and old != value and name not in _applied:
+            continue
+        if old is not None and old != value and name not in _applied:
             warnings.warn(f"{name}={old} (set in the environment) replaced by {value}, derived from the "
                           f"HAL collective timeout {secs:g} s", RuntimeWarning, stacklevel=3)
         env[name] = value
@@ -115,29 +173,22 @@ def apply_hccl_timeouts(timeout: timedelta, env: Optional[MutableMapping[str, st
     return want
 
 
-_group_ids = itertools.count()
-
-
 def create_hccl_process_group(store: Any, rank: int, world_size: int, timeout: timedelta,
-                              chip: str = "ascend") -> Any:
-    """torch_npu's ProcessGroupHCCL with the HAL timeout (HCCL's own timeouts set first)."""
-    if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
-        raise ValueError(f"chip {chip!r}, hook 'hal_create_process_group': timeout must be a positive "
-                         f"datetime.timedelta, got {timeout!r}")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"chip {chip!r}, hook 'hal_create_process_group': rank {rank} is not in "
-                         f"[0, world_size={world_size})")
+                              global_ranks: Optional[Sequence[int]] = None, group_name: Optional[str] = None,
+                              chip: str = "ascend", soc_version: Optional[int] = None) -> Any:
+    """torch_npu's ProcessGroupHCCL built as `_new_process_group_hccl_helper` builds it, with the
+    group's global ranks and name, HCCL's own timeouts set first."""
+    ranks, name = check_process_group_args(chip, rank, world_size, timeout, global_ranks, group_name)
     try:
         import torch_npu
         pg_class = torch_npu._C._distributed_c10d.ProcessGroupHCCL
     except (ImportError, AttributeError) as exc:
         raise hal.ChipUnavailableError(f"chip {chip!r}, hook 'hal_create_process_group': torch_npu's "
                                        f"ProcessGroupHCCL is unavailable: {type(exc).__name__}: {exc}") from exc
-    apply_hccl_timeouts(timeout)  # before the communicator exists: HCCL reads them at creation
+    apply_hccl_timeouts(timeout, soc_version=soc_version)  # before the group: torch_npu reads them then
     options = pg_class.Options()
     options.is_high_priority_stream = False
     options._timeout = timeout
-    # group_id names the group (setGroupName("group_name_" + group_id)); every rank creates the
-    # HAL's groups in the same order, so a per-process counter agrees across ranks.
-    options.group_id = f"hal_hccl_{next(_group_ids)}"
+    options.global_ranks_in_group = ranks
+    options.group_id = name
     return pg_class(store, rank, world_size, options)

@@ -13,6 +13,10 @@ docs/zh/custom_APIs/torch_npu/*.md, commit 517f2e7d):
   npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half', Tensor? rotate=None)
       half mode: x * r1 + rotate_half(x) * r2 == the HAL's rotary_embedding(x, cos, sin).
   npu_swiglu(Tensor self, int dim=-1) -> Tensor: silu(first half) * second half; needs contiguous input.
+  npu_fusion_attention's inner_precise=2 turns on invalid-row computation for fully masked rows
+  (the doc: "2为开启无效行计算，其功能是避免在计算过程中存在整行mask进而导致精度有损失").
+  adamw_step: torch's `_fused_adamw_` -> op-plugin FusedAdamWKernelNpuOpApi.cpp -> aclnnApplyAdamWV2,
+  offered only on A2/A3 for float16/bfloat16/float32 (`make_adamw`).
 Each adapter checks the documented constraints (dtypes, ranks, shape patterns, products) and falls
 back to the HAL reference kernel outside them, so an override never changes the op's meaning.
 """
@@ -26,6 +30,7 @@ import torch
 
 import hal
 from hal.ops import reference
+from hal.ops.torch_kernels import adamw_step as torch_adamw_step
 from hal.ops.torch_kernels import torch_kernels
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
@@ -109,9 +114,13 @@ def make_sdpa(npu: Any) -> Callable:
                 allowed = allowed & torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
             mask, mode = _fa_mask(~allowed, b, h, sq, sk), 0
             dead = ~allowed.any(-1, keepdim=True)  # rows with no key: the HAL gives zeros
-        out = npu.npu_fusion_attention(q, k, v, h, "BNSD", atten_mask=mask, scale=scale,
-                                       keep_prob=1.0, sparse_mode=mode)[0]
-        return out if dead is None else out.masked_fill(dead, 0.0)
+        # Fully masked rows: the doc's inner_precise=2 ("开启无效行计算", invalid-row computation)
+        # avoids the precision loss such rows cause; it costs speed, so only when a row is dead.
+        # (One host sync to ask; the reference path costs far more.)
+        any_dead = dead is not None and bool(dead.any())
+        out = npu.npu_fusion_attention(q, k, v, h, "BNSD", atten_mask=mask, scale=scale, keep_prob=1.0,
+                                       sparse_mode=mode, inner_precise=2 if any_dead else 0)[0]
+        return out.masked_fill(dead, 0.0) if any_dead else out
     return sdpa
 
 
@@ -153,9 +162,46 @@ def make_swiglu(npu: Any) -> Callable:
     return swiglu
 
 
-def op_kernels(npu: Any, device_name: str, priority: int = 10) -> list[hal.OpKernel]:
-    """Kernels for the product `device_name` names; fused ones only where the docs list the product."""
-    family = product_family(device_name)
+def family_of(device_name: str, soc_version: Optional[int] = None) -> str:
+    """The product family from the SoC version when known (NpuVariables.h: 220-225 A2, 250-256 A3,
+    260 Ascend950, 100-104 Atlas training series), else from the device name."""
+    if soc_version is not None and soc_version >= 0:
+        v = int(soc_version)
+        return "A2" if 220 <= v <= 225 else "A3" if 250 <= v <= 256 else "950" if v >= 260 else \
+            "training" if 100 <= v <= 104 else "other"
+    return product_family(device_name)
+
+
+ADAMW_FAMILIES = ("A2", "A3")
+_ADAMW_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def make_adamw(family: str, fused: Callable = torch_adamw_step) -> Optional[Callable]:
+    """torch's fused AdamW, which torch_npu dispatches to op-plugin's `_fused_adamw_`
+    (op_plugin/ops/opapi/FusedAdamWKernelNpuOpApi.cpp @517f2e7d: one aclnnApplyAdamWV2 per tensor),
+    where that aclnn op exists: Atlas A2/A3 (the ApplyAdamWV2 operator doc lists the A2 training
+    series; A3 shares its operator library), var/m/v/grad of one dtype among float16, bfloat16,
+    float32 ("输入张量中varRef、mRef、vRef的数据类型一致时，数据类型支持FLOAT16、BFLOAT16、FLOAT32").
+    Elsewhere (910A, Ascend 950, other dtypes, mixed dtypes) None / the HAL reference."""
+    if family not in ADAMW_FAMILIES:
+        return None
+
+    def adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay):
+        params = list(params)
+        tensors = [t for ts in (params, grads, exp_avgs, exp_avg_sqs) for t in ts]
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) != 1 or next(iter(dtypes), None) not in _ADAMW_DTYPES:
+            return reference.adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps,
+                                        weight_decay)
+        return fused(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay)
+    return adamw_step
+
+
+def op_kernels(npu: Any, device_name: str, soc_version: Optional[int] = None,
+               priority: int = 10) -> list[hal.OpKernel]:
+    """Kernels for the product `device_name` / `soc_version` names; fused ones only where the docs
+    list the product."""
+    family = family_of(device_name, soc_version)
     out = [("rms_norm", make_rms_norm(npu, family), "torch_npu.npu_rms_norm")]
     if family in ("A2", "950"):  # npu_fusion_attention: Atlas A2 and Ascend 950 per its doc
         out.append(("scaled_dot_product_attention", make_sdpa(npu), "torch_npu.npu_fusion_attention"))
@@ -163,7 +209,10 @@ def op_kernels(npu: Any, device_name: str, priority: int = 10) -> list[hal.OpKer
         out.append(("rotary_embedding", make_rotary(npu), "torch_npu.npu_rotary_mul"))
     if family == "A2":  # npu_swiglu: Atlas A2 per its doc
         out.append(("swiglu", make_swiglu(npu), "torch_npu.npu_swiglu"))
+    adamw = make_adamw(family)
+    if adamw is not None:
+        out.append(("adamw_step", adamw, "torch._fused_adamw_ (aclnnApplyAdamWV2)"))
     fused = [hal.OpKernel(op, fn, priority=priority, name=label) for op, fn, label in out]
     # The rest: torch's own ops, which torch_npu dispatches to NPU kernels (shared with the other plugins).
-    return fused + torch_kernels(priority, ("adamw_step", "layer_norm", "softmax", "gelu", "silu",
-                                            "cross_entropy", "embedding", "linear"))
+    return fused + torch_kernels(priority, ("layer_norm", "softmax", "gelu", "silu", "cross_entropy", "embedding",
+                                            "linear"))

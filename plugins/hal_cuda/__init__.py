@@ -39,17 +39,23 @@ def hal_chips():
 
 @hal.hookimpl
 def hal_native_available(chip):
+    if chip != CHIP.name:
+        return None  # not ours (an add-on or a pluggy subset may ask any plugin)
     return bool(probe()["native"])
 
 
 @hal.hookimpl
 def hal_chip_profile(chip, model):
+    if chip != CHIP.name:
+        return None
     from hal import catalog  # imported at first use so that importing the plugin stays cheap
     return catalog.profile_for(chip, model, ("float32", "tf32", "bfloat16", "float16"))
 
 
 @hal.hookimpl
 def hal_device_runtime(chip):
+    if chip != CHIP.name:
+        return None
     found = probe()
     if not found["native"]:
         raise hal.ChipUnavailableError(f"plugin 'cuda', hook 'hal_device_runtime': chip 'cuda' is not "
@@ -58,12 +64,16 @@ def hal_device_runtime(chip):
 
 
 @hal.hookimpl
-def hal_create_process_group(chip, store, rank, world_size, timeout: timedelta):
-    return create_nccl_process_group(store, rank, world_size, timeout, chip=chip)
+def hal_create_process_group(chip, store, rank, world_size, timeout: timedelta, global_ranks, group_name):
+    if chip != CHIP.name:
+        return None
+    return create_nccl_process_group(store, rank, world_size, timeout, global_ranks, group_name, chip=chip)
 
 
 @hal.hookimpl
 def hal_collective_capabilities(chip):
+    if chip != CHIP.name:
+        return None
     # Read the NCCL version and the compute capability only once CUDA is initialised (at bind);
     # at validation the conservative matrix (no float8 reductions) is given.
     cc = None

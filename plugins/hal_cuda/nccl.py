@@ -19,18 +19,34 @@ Every entry below is read from PyTorch's source, not guessed:
   scatter and the list form of all_to_all as grouped ncclSend/ncclRecv, barrier as a 1-element
   all_reduce.
 
-Group creation follows torch/distributed/distributed_c10d.py `_new_process_group_helper` (torch 2.13):
-`ProcessGroupNCCL.Options()` with `is_high_priority_stream = False` and `_timeout = timeout`, then
-`ProcessGroupNCCL(store, group_rank, group_size, options)` and `_set_sequence_number_for_group()`.
-The timeout is enforced by ProcessGroupNCCL's watchdog: a collective that outlives it is aborted
-with an error (TORCH_NCCL_ASYNC_ERROR_HANDLING, default 3 since torch 2.2), never left hanging.
+Group creation follows torch/distributed/distributed_c10d.py `_new_process_group_helper` (torch 2.13,
+pytorch/pytorch v2.13.0 git cf30153c): `ProcessGroupNCCL.Options()` with `is_high_priority_stream =
+False`, `_timeout = timeout`, `global_ranks_in_group` and `group_name` (the HAL hook's `global_ranks` and
+`group_name`), then `ProcessGroupNCCL(store, group_rank, group_size, options)` and
+`_set_sequence_number_for_group()`. The class is the one that helper constructs
+(`distributed_c10d.ProcessGroupNCCL`).
+
+What a timeout does (ProcessGroupNCCL.cpp, v2.13.0): the constructor reads
+TORCH_NCCL_ASYNC_ERROR_HANDLING once; its default 3 (SkipCleanUp) makes the watchdog *kill the
+process* when a collective outlives `options._timeout`, which no caller can catch. The bridge needs
+the error, so before building the group we set TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (CleanUpOnly: the
+watchdog aborts the communicators and leaves the process alive) unless the user chose a value (then
+a warning says what a teardown mode costs), and the bridge waits on NCCL works with
+`work.wait(timeout)` (`WorkNCCL::wait` blocks the calling thread until the work completes or the
+timeout passes, then raises DistBackendError, a RuntimeError), which `ccl_bridge.ccl.Handle` turns
+into a typed bridge error. A caller outside the bridge that calls `work.wait()` without a timeout
+(torch's default, non-blocking) only orders streams; set TORCH_NCCL_BLOCKING_WAIT=1 to make that wait
+on the host too.
 """
 from __future__ import annotations
 
+import os
+import warnings
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import hal
+from hal.contract import check_process_group_args as check_group_args
 from hal.capabilities import COLLECTIVES, DTYPES, REDUCING
 
 FP8 = ("float8_e4m3fn", "float8_e5m2")
@@ -96,32 +112,55 @@ def nccl_version() -> Optional[tuple[int, ...]]:
     return tuple(v) if isinstance(v, tuple) else None
 
 
-def create_nccl_process_group(store: Any, rank: int, world_size: int, timeout: timedelta,
-                              chip: str = "cuda") -> Any:
-    """`ProcessGroupNCCL(store, rank, world_size, options)` with the HAL timeout, as
-    distributed_c10d._new_process_group_helper builds it (torch 2.13)."""
-    check_group_args(chip, rank, world_size, timeout)
-    import torch.distributed as dist
-    pg_class = getattr(dist, "ProcessGroupNCCL", None)
-    if pg_class is None:  # distributed_c10d only exports it when torch was built with NCCL
+ASYNC_ERROR_HANDLING_ENV = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+CLEAN_UP_ONLY = "2"  # ErrorHandlingMode::CleanUpOnly (0 none, 1 TearDown, 2 CleanUpOnly, 3 SkipCleanUp)
+
+
+def ensure_catchable_timeouts(env_names: tuple[str, ...] = (ASYNC_ERROR_HANDLING_ENV,), ccl: str = "NCCL") -> None:
+    """Make a collective timeout an exception rather than a process teardown (see the module
+    docstring); read by the process group's constructor, so call this before building it."""
+    for name in env_names:
+        value = os.environ.get(name)
+        if value is None:
+            os.environ[name] = CLEAN_UP_ONLY
+        elif value.strip() in ("1", "3"):
+            warnings.warn(f"{name}={value} (set in the environment): when a {ccl} collective outlives the "
+                          f"HAL timeout the watchdog tears the process down, so the bridge cannot report "
+                          f"which op and rank failed; {name}={CLEAN_UP_ONLY} raises an error instead",
+                          RuntimeWarning, stacklevel=3)
+
+
+def nccl_group_class(chip: str = "cuda") -> Any:
+    """The class torch's `_new_process_group_helper` constructs for backend `nccl`."""
+    from torch.distributed import distributed_c10d as c10d
+    pg_class = getattr(c10d, "ProcessGroupNCCL", None)
+    if pg_class is None:  # distributed_c10d only imports it when torch was built with NCCL
         raise hal.ChipUnavailableError(
             f"chip {chip!r}, hook 'hal_create_process_group': this torch build has no NCCL "
-            f"(torch.distributed.ProcessGroupNCCL is missing); install a CUDA build of torch")
+            f"(torch.distributed.distributed_c10d.ProcessGroupNCCL is missing); install a CUDA build of torch")
+    return pg_class
+
+
+def nccl_options(pg_class: Any, timeout: timedelta, global_ranks: Sequence[int], group_name: str) -> Any:
+    """`pg_class.Options` filled as _new_process_group_helper fills them (torch 2.13)."""
     options = pg_class.Options()
     options.is_high_priority_stream = False
     options._timeout = timeout
-    pg = pg_class(store, rank, world_size, options)
+    options.global_ranks_in_group = list(global_ranks)
+    options.group_name = group_name
+    return options
+
+
+def create_nccl_process_group(store: Any, rank: int, world_size: int, timeout: timedelta,
+                              global_ranks: Optional[Sequence[int]] = None, group_name: Optional[str] = None,
+                              chip: str = "cuda") -> Any:
+    """`ProcessGroupNCCL(store, rank, world_size, options)` with the HAL timeout, the group's global
+    ranks and name, as distributed_c10d._new_process_group_helper builds it (torch 2.13)."""
+    ranks, name = check_group_args(chip, rank, world_size, timeout, global_ranks, group_name)
+    pg_class = nccl_group_class(chip)
+    ensure_catchable_timeouts()
+    pg = pg_class(store, rank, world_size, nccl_options(pg_class, timeout, ranks, name))
     seq = getattr(pg, "_set_sequence_number_for_group", None)
     if callable(seq):
         seq()  # as torch does right after creating an NCCL backend
     return pg
-
-
-def check_group_args(chip: str, rank: int, world_size: int, timeout: timedelta) -> None:
-    """Refuse arguments no CCL can use, naming the field and the value."""
-    if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
-        raise ValueError(f"chip {chip!r}, hook 'hal_create_process_group': timeout must be a positive "
-                         f"datetime.timedelta, got {timeout!r}")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"chip {chip!r}, hook 'hal_create_process_group': rank {rank} is not in "
-                         f"[0, world_size={world_size})")

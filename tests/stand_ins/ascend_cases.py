@@ -26,8 +26,8 @@ def _bind(device_name: str = "Ascend910B2", device_count: int = 4, env: dict | N
     for key in ("LOCAL_RANK", "ASCEND_RT_VISIBLE_DEVICES", "HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT"):
         os.environ.pop(key, None)
     os.environ.update(env or {})
-    STATE.device_count, STATE.device_name, STATE.current = device_count, device_name, 0
-    STATE.record.clear()
+    STATE.reset()
+    STATE.device_count, STATE.device_name = device_count, device_name
     hal_ascend.hccl._applied.clear()  # torch_npu reads HCCL timeouts once per process: start afresh
     hal.reset()
     pm = hal.PluginManager()
@@ -41,23 +41,53 @@ def native_bind(local_rank: int, visible: str, device_name: str) -> dict:
     acc, state = _bind(device_name, 4, {"LOCAL_RANK": str(local_rank), "ASCEND_RT_VISIBLE_DEVICES": visible})
     return {"device": str(acc.device), "emulated": acc.emulated, "profile": acc.profile.model,
             "calls": [c[:2] for c in state.record.calls if c[0] in ("set_device", "get_device_name")],
+            "contexts": list(state.contexts), "first_context": state.record.named("context_opened")[:1],
+            "capabilities_source": acc.capabilities.source,
             "memory": acc.get_memory_info(), "runtime": type(acc.runtime).__name__,
             "stream": acc.Stream.__module__, "probe": hal_ascend.probe(),
             "kernels": {op: (k.plugin, k.name) for op, k in acc.kernels.items()}}
 
 
-def process_groups(timeouts_s: list, preset: dict) -> dict:
+def process_groups(timeouts_s: list, preset: dict, device_name: str = "Ascend910B2",
+                   global_ranks: list | None = None, group_name: str | None = "g0") -> dict:
     import torch.distributed as dist
-    acc, state = _bind(env=preset)
+    acc, state = _bind(device_name, env=preset)
     caught = []
-    for t in timeouts_s:
+    for i, t in enumerate(timeouts_s):
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
-            pg = acc.new_process_group(dist.HashStore(), 1, 2, timedelta(seconds=t))
+            kw = {} if group_name is None else {"group_name": f"{group_name}.{i}"}
+            pg = acc.new_process_group(dist.HashStore(), 1, 2, timedelta(seconds=t),
+                                       global_ranks=global_ranks, **kw)
         caught.append([str(x.message) for x in w])
         assert pg.getBackendName() == "hccl"
     return {"groups": [c[1:] for c in state.record.named("ProcessGroupHCCL")], "warnings": caught,
-            "env": {k: os.environ.get(k) for k in ("HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT")}}
+            "env": {k: os.environ.get(k) for k in ("HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT")},
+            "exec_timeout_first_read": state.exec_timeout_first_read}
+
+
+def options_reject(field: str):
+    """Assign `field` on a ProcessGroupHCCL.Options: None if accepted, else the error text."""
+    activate()
+    import torch_npu
+    opts = torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options()
+    try:
+        setattr(opts, field, "x")
+    except AttributeError as exc:
+        return f"AttributeError: {exc}"
+    return None
+
+
+def capabilities(device_name: str) -> dict:
+    """The bound chip's matrix for a product, as (collective, dtype, op) -> declared."""
+    acc, _ = _bind(device_name)
+    probe = [("broadcast", "float8_e4m3fn", "-"), ("all_gather", "bfloat16", "-"),
+             ("all_reduce", "bfloat16", "sum"), ("all_reduce", "bfloat16", "product"),
+             ("all_reduce", "int16", "product"), ("all_reduce", "int16", "sum"), ("all_reduce", "int64", "sum"),
+             ("all_reduce", "float32", "product"), ("reduce_scatter_tensor", "bfloat16", "max")]
+    return {"source": acc.capabilities.source,
+            "declared": {f"{c}/{d}/{o}": acc.capabilities.supports(c, d, None if o == "-" else o)
+                         for c, d, o in probe}}
 
 
 def _err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -93,6 +123,10 @@ def op_overrides() -> dict:
         want=ref.scaled_dot_product_attention(q, k, v, None, True))
     mask = torch.rand(2, 1, 6, 9, generator=g) > 0.4
     mask[1, 0, 3] = False  # no key for this query: the HAL returns zeros there
+    live = torch.rand(2, 1, 6, 9, generator=g) > 0.4
+    live[..., 0] = True  # every query has a key
+    run("sdpa_live_mask", hal.ops.scaled_dot_product_attention, q, k, v, live, False, 0.2,
+        want=ref.scaled_dot_product_attention(q, k, v, live, False, 0.2))
     got = run("sdpa_bool_mask", hal.ops.scaled_dot_product_attention, q, k, v, mask, False, 0.2,
               want=ref.scaled_dot_product_attention(q, k, v, mask, False, 0.2))
     out["sdpa_bool_mask"]["dead_row_zero"] = bool((got[1, :, 3] == 0).all())

@@ -5,7 +5,9 @@ docs/zh/custom_APIs/torch_npu/torch_npu-npu_fusion_attention.md, torch_npu-npu_r
 (beta)torch_npu-npu_rms_norm.md, (beta)torch_npu-npu_swiglu.md, and the decompositions torch_npu
 itself registers (Ascend/pytorch @ 9e73e708 torch_npu/_inductor/decomposition.py). A fully masked
 attention row gives NaN here: the real kernel's output there is undocumented, so a plugin must not
-rely on it.
+rely on it. The docs (torch_npu-npu_fusion_attention.md, inner_precise) ask for inner_precise=2
+("invalid-row computation") when a row is fully masked, to avoid losing precision; the record keeps
+inner_precise so tests can check the adapter asks for it exactly then (it costs speed otherwise).
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
                          softmax_layout="", sink=None, dropout_mask=None, seed=0, offset=0):
     STATE.record.record("npu_fusion_attention", query, key, value, head_num, input_layout, atten_mask=atten_mask,
                         scale=scale, keep_prob=keep_prob, sparse_mode=sparse_mode, pse=pse,
-                        pre_tockens=pre_tockens, next_tockens=next_tockens)
+                        pre_tockens=pre_tockens, next_tockens=next_tockens, inner_precise=inner_precise)
     STATE.last_atten_mask = atten_mask
     if input_layout != "BNSD":
         raise NotImplementedError(f"stand-in implements input_layout BNSD only, got {input_layout!r}")
