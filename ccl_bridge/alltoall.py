@@ -200,20 +200,22 @@ def _intra_with_relay(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_spli
     fx.intra.all_gather_into_tensor(allrows, mine).wait()
     flat = allrows.tolist()
     rows = {s: flat[j * W:(j + 1) * W] for j, s in enumerate(mates)}
-    # 1. to mate t: its own block, then the blocks it relays (destination order)
+    # 1. to mate t: its own block, then the blocks it relays (destination order). This rank's block
+    #    for itself and the blocks it relays itself stay where they are (no copy through the CCL).
+    out[out_off[me]:out_off[me] + out_splits[me]].copy_(inp[in_off[me]:in_off[me] + in_splits[me]])
+    relayed: dict[tuple[int, int], Piece] = {(me, d): (inp, in_off[d], in_splits[d]) for d in cross
+                                             if relay(me, d) == me}
     pieces: list[Piece] = []
-    send_sizes = []
+    send_sizes, recv_sizes, layout = [], [], []
     for t in mates:
-        mine_t = [(inp, in_off[t], in_splits[t])] + [(inp, in_off[d], in_splits[d]) for d in cross
-                                                    if relay(me, d) == t]
+        mine_t = [] if t == me else [(inp, in_off[t], in_splits[t])] + [
+            (inp, in_off[d], in_splits[d]) for d in cross if relay(me, d) == t]
         pieces += mine_t
         send_sizes.append(sum(p[2] for p in mine_t))
-    fx.count("a2a_relay_elems", sum(sz - in_splits[t] for t, sz in zip(mates, send_sizes) if t != me))
-    recv_sizes, layout = [], []
-    for s in mates:
-        relays_s = [d for d in cross if relay(s, d) == me]
-        recv_sizes.append(out_splits[s] + sum(rows[s][d] for d in relays_s))
-        layout.append((s, relays_s))
+        relays_t = [] if t == me else [d for d in cross if relay(t, d) == me]
+        recv_sizes.append(0 if t == me else out_splits[t] + sum(rows[t][d] for d in relays_t))
+        layout.append((t, relays_t))
+    fx.count("a2a_relay_elems", sum(send_sizes) - sum(in_splits[t] for t in mates if t != me))
     send = fx.scratch.get(("a2a", "relay", "in"), sum(send_sizes), dtype, dev)
     off = 0
     for buf, start, length in pieces:
@@ -221,9 +223,10 @@ def _intra_with_relay(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_spli
         off += length
     recv = fx.scratch.get(("a2a", "relay", "out"), sum(recv_sizes), dtype, dev)
     fx.intra.all_to_all_single(recv, send, recv_sizes, send_sizes).wait()
-    relayed: dict[tuple[int, int], Piece] = {}
     off = 0
     for s, relays_s in layout:
+        if s == me:
+            continue
         out[out_off[s]:out_off[s] + out_splits[s]].copy_(recv[off:off + out_splits[s]])
         off += out_splits[s]
         for d in relays_s:
