@@ -113,3 +113,18 @@ def test_even_and_weighted_plans_give_the_same_parameters(pool):
     pa, pb = a[0]["params"], b[0]["params"]
     worst = max((pa[k] - pb[k]).abs().max().item() for k in pa)
     assert worst <= TOL, f"the split changed the maths: even vs weighted differ by {worst:.2e}"
+
+
+def test_replica_microbatches_takes_the_plan_rows_of_every_microbatch():
+    import torch
+
+    from strategies.data_parallel import accumulate, replica_microbatches
+    batch = torch.arange(16).view(16, 1)
+    parts = replica_microbatches(batch, 2, (3, 6))
+    assert [p.view(-1).tolist() for p in parts] == [[3, 4, 5], [11, 12, 13]]
+    with pytest.raises(ValueError, match="16 rows does not split into 3"):
+        replica_microbatches(batch, 3, (0, 1))
+    with pytest.raises(ValueError, match=r"rows \[6, 9\) do not fit a micro-batch of 8"):
+        replica_microbatches(batch, 2, (6, 9))
+    with pytest.raises(ValueError, match="1 input and 0 target"):
+        accumulate(torch.nn.Identity(), [batch], [], 16)

@@ -57,13 +57,14 @@ class ModelConfig(BaseModel):
     @model_validator(mode="after")
     def _sizes(self) -> "ModelConfig":
         if self.hidden % self.heads:
-            raise ValueError(f"hidden = {self.hidden} is not divisible by heads = {self.heads} "
-                             f"({self.hidden} % {self.heads} = {self.hidden % self.heads})")
+            raise ModelConfigError("hidden", self.hidden, f"not divisible by heads = {self.heads} "
+                                   f"({self.hidden} % {self.heads} = {self.hidden % self.heads})")
         if (self.hidden // self.heads) % 2:
-            raise ValueError(f"head dim hidden / heads = {self.hidden // self.heads} is odd; rotary "
-                             f"embedding rotates pairs, so it must be even")
+            raise ModelConfigError("hidden", self.hidden, f"head dim hidden / heads = {self.hidden} / "
+                                   f"{self.heads} = {self.hidden // self.heads} is odd; rotary embedding "
+                                   f"rotates pairs, so it must be even")
         if self.experts and self.top_k > self.experts:
-            raise ValueError(f"top_k = {self.top_k} exceeds experts = {self.experts}")
+            raise ModelConfigError("top_k", self.top_k, f"exceeds experts = {self.experts}")
         return self
 
     @classmethod
