@@ -166,3 +166,63 @@ def train_ep(ranks: tuple, placement: list, rows: list, capacity_factor) -> dict
             "moved": {n: (ref[n] - init_state[n]).abs().max().item() for n in held},
             "losses": losses, "ref_losses": ref_losses, "drops": drops, "ref_drops": ref_drops,
             "traffic": traffic}
+
+
+def train_ep_dp_tp(replicas: list, placement: list, rows: list, sequence_parallel: bool = True) -> dict:
+    """EP inside DP with TP on strategies.models.GPT (MoE): `replicas` are TP groups (one chip kind
+    each); the EP group and the DP group of tp index t are [replica[t] for replica in replicas]
+    (training_contract.md), separate group objects; replica i feeds rows[i] rows of the global batch.
+    Non-expert gradients (local shards of the TP DTensors) are SUM all-reduced over the DP group;
+    expert gradients are left alone."""
+    from torch.distributed.tensor import DTensor
+
+    from strategies.expert_parallel import apply_ep, expert_parameter_names, moe_layers
+    from strategies.models import build_gpt, lm_loss_sum, make_batches
+    from strategies.tensor_parallel import apply_tp, tp_full_state
+
+    from . import _strategy_tp_cases as tpc
+    MOE = tpc.MOE
+    if sum(rows) != tpc.GLOBAL_BATCH:
+        raise ValueError(f"rows {rows} must sum to the reference's global batch {tpc.GLOBAL_BATCH}")
+    tp = len(replicas[0])
+    for r in replicas:
+        subgroup(tuple(r), "tp")
+    ep_groups = [subgroup(tuple(r[t] for r in replicas), "ep") for t in range(tp)]
+    dp_groups = [subgroup(tuple(r[t] for r in replicas), "dp") for t in range(tp)]
+    me = dist.get_rank()
+    where = [(i, r.index(me)) for i, r in enumerate(replicas) if me in r]
+    if not where:
+        return {"member": False}
+    rep, t = where[0]
+    tp_group, ep_group, dp_group = _groups[(tuple(replicas[rep]), "tp")], ep_groups[t], dp_groups[t]
+    model = build_gpt(MOE, MODEL_SEED)
+    apply_ep(model, ep_group, placement)
+    apply_tp(model, tp_group, sequence_parallel=sequence_parallel)
+    experts = set(expert_parameter_names(model))
+    dense = [p for n, p in model.named_parameters() if n not in experts]
+    opt = torch.optim.SGD(model.parameters(), lr=tpc.LR)
+    gb = sum(rows)
+    data = make_batches(MOE, STEPS, gb, DATA_SEED)
+    lo, hi = sum(rows[:rep]), sum(rows[:rep + 1])
+    losses, drops = [], []
+    for s in range(STEPS):
+        mine = data[s, lo:hi]
+        loss = lm_loss_sum(model(mine[:, :-1]), mine[:, 1:]) / (gb * MOE.seq) + model.aux_loss()
+        loss.backward()
+        for p in dense:   # DP: SUM of the replicas' gradients (each already divided by global tokens)
+            g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            dist.all_reduce(g, group=dp_group)
+        opt.step()
+        opt.zero_grad()
+        total = loss.detach().clone().reshape(1)
+        dist.all_reduce(total, group=dp_group)
+        losses.append(total.item())
+        drops.append([m.last_stats["dropped_global"] for _, m in moe_layers(model)])
+    held = tp_full_state(model)
+    ref, init_state, ref_losses = tpc.reference(MOE)
+    return {"member": True, "ep_rank": dist.get_rank(ep_group), "replica": rep, "tp_index": t,
+            "hosted": sorted({int(n.split("experts.")[1].split(".")[0]) for n in experts}),
+            "sharded": sum(isinstance(p, DTensor) for p in model.parameters()),
+            "param_diffs": {n: (held[n] - ref[n]).abs().max().item() for n in held},
+            "moved": {n: (ref[n] - init_state[n]).abs().max().item() for n in held},
+            "losses": losses, "ref_losses": ref_losses, "drops": drops}
