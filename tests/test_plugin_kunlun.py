@@ -13,6 +13,8 @@ to show devices (tests/stand_ins/_stand_in_cuda.py). Upstream followed:
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from datetime import timedelta
 
 import pytest
@@ -97,6 +99,7 @@ def test_kunlun_machine_is_not_nvidia(pm, devices, xmlir):
 def test_native_bind_records_what_it_found(pm, devices, xmlir, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "5")
     monkeypatch.setenv("XPU_VISIBLE_DEVICES", "4,5")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     acc = hal.bind("kunlun", emulated=False, pm=pm)
     assert ("set_device", 1) in devices.calls  # LOCAL_RANK 5 % 2 devices
     assert acc.device == torch.device("cuda", 1) and acc.chip.torch_device_type == "cuda"
@@ -112,9 +115,9 @@ def test_native_bind_records_what_it_found(pm, devices, xmlir, monkeypatch):
 
 
 def test_unknown_kunlun_model_and_name_fallback(pm, devices, xmlir, monkeypatch):
-    xmlir.NAMES[:] = ["KL3"]
+    xmlir.NAMES[:] = ["XPU-Q9"]
     prof = hal.bind("kunlun", emulated=False, pm=pm).profile
-    assert prof.model == "KL3" and prof.memory_bytes.value is None and "measured later" in prof.notes
+    assert prof.model == "XPU-Q9" and prof.memory_bytes.value is None and "measured later" in prof.notes
     monkeypatch.delattr(xmlir, "get_device_name")  # a build without it: torch.cuda's name is used
     assert hal.bind("kunlun", emulated=False, pm=pm).profile.model == "GPU"
 
@@ -126,13 +129,65 @@ def test_nvidia_named_devices_under_torch_xmlir_are_claimed_by_nobody(pm, device
     assert pm.native_available("cuda") is False
 
 
-def test_process_group_through_nccl_backend_with_timeout(pm, devices, xmlir):
+def test_p800_reporting_kl3_gets_the_p800_profile(pm, devices, xmlir):
+    """A P800 that names itself 'KL3' (its generation's name in KunlunXin's software) is a P800
+    (failed before: an unknown model with every figure unknown)."""
+    xmlir.NAMES[:] = ["KL3", "KL3"]
+    assert hal.bind("kunlun", emulated=False, pm=pm).profile.model == hal.catalog.get("kunlun", "P800").model
+
+
+def test_process_group_through_the_registered_creator(pm, devices, xmlir):
+    """torch_xmlir swaps ProcessGroupNCCL and registers its creator for `nccl`: the group is built
+    through that creator as _new_process_group_helper calls it (group id, global ranks, timeout),
+    never from torch.distributed.ProcessGroupNCCL (failed before: the stand-in NCCL class was built)."""
     acc = hal.bind("kunlun", emulated=False, pm=pm)
-    pg = acc.new_process_group(dist.HashStore(), 2, 8, timedelta(minutes=3))
+    pg = acc.new_process_group(dist.HashStore(), 2, 8, timedelta(minutes=3), global_ranks=list(range(8, 16)),
+                               group_name="hetero/intra/1")
+    assert type(pg).__name__ == "XmlirProcessGroupNCCL"
+    assert sys.modules["torch_xmlir"].CREATED[-1] == {"via": "creator", "group_name": "hetero/intra/1",
+                                                      "timeout": timedelta(minutes=3)}
     rec = fake_nccl.CREATED[-1]
-    assert isinstance(pg, fake_nccl.FakeProcessGroupNCCL)
     assert (rec["rank"], rec["size"], rec["timeout"]) == (2, 8, timedelta(minutes=3))
-    assert rec["is_high_priority_stream"] is False and rec["seq_set"]
+    assert rec["global_ranks_in_group"] == list(range(8, 16)) and rec["class"] == "XmlirProcessGroupNCCL"
+
+
+def test_process_group_without_a_creator_uses_the_class_torch_would(pm, devices, xmlir, monkeypatch):
+    monkeypatch.delitem(dist.Backend._plugins, "NCCL")
+    acc = hal.bind("kunlun", emulated=False, pm=pm)
+    pg = acc.new_process_group(dist.HashStore(), 0, 2, timedelta(seconds=30), global_ranks=[4, 5], group_name="g")
+    rec = fake_nccl.CREATED[-1]
+    assert type(pg).__name__ == "XmlirProcessGroupNCCL" and rec["seq_set"] and rec["group_name"] == "g"
+    assert rec["is_high_priority_stream"] is False and rec["global_ranks_in_group"] == [4, 5]
+
+
+def test_xccl_timeouts_derived_from_the_hal_timeout(pm, devices, xmlir, monkeypatch):
+    """BKCL_TIMEOUT = the HAL timeout in seconds, and a timeout that raises instead of tearing the
+    process down (failed before: nothing was set)."""
+    for var in ("BKCL_TIMEOUT", "TORCH_XCCL_ASYNC_ERROR_HANDLING"):
+        monkeypatch.delenv(var, raising=False)
+    acc = hal.bind("kunlun", emulated=False, pm=pm)
+    pg = acc.new_process_group(dist.HashStore(), 0, 2, timedelta(minutes=3), group_name="g")
+    assert os.environ["BKCL_TIMEOUT"] == "180" and pg.async_error_handling == 2
+    assert os.environ["TORCH_XCCL_ASYNC_ERROR_HANDLING"] == "2"
+    monkeypatch.setenv("BKCL_TIMEOUT", "1800")
+    with pytest.warns(RuntimeWarning, match="BKCL_TIMEOUT=1800 .* replaced by 60"):
+        acc.new_process_group(dist.HashStore(), 0, 2, timedelta(minutes=1), group_name="g")
+
+
+def test_visible_devices_set_as_kunlun_integrations_set_them(devices, xmlir, monkeypatch):
+    """XPU_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES name the same XPUs before the runtime starts
+    (failed before: only one was set and the layers could number devices differently)."""
+    monkeypatch.setenv("XPU_VISIBLE_DEVICES", "4,5")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    found = hal_kunlun.probe()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5" and found["native"] is True
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    found = hal_kunlun.probe()
+    assert found["native"] is False and "XPU_VISIBLE_DEVICES='4,5' and CUDA_VISIBLE_DEVICES='0,1' differ" in found["reason"]
+    monkeypatch.delenv("XPU_VISIBLE_DEVICES")
+    hal_kunlun.probe()
+    assert os.environ["XPU_VISIBLE_DEVICES"] == "0,1"
+    assert devices.fork_poisoned_by == []  # counted without is_available()
 
 
 def test_capability_matrix_declares_only_what_integrations_use():

@@ -323,3 +323,125 @@ def test_entry_point_that_fails_to_import(monkeypatch):
     with pytest.raises(PluginValidationError, match=r"plugin 'broken': entry point 'no_such_module_for_hal_tests' "
                                                     r"failed to import: ModuleNotFoundError"):
         hal.PluginManager().load_entry_points(env={})
+
+
+# ---- pluggy dispatches every hook (contract 1.1) ---------------------------------------------------
+class ProcessGroupLogger:
+    """A third-party add-on (no chips of its own) that wraps every plugin's process-group creation."""
+
+    __name__ = "pglogger"
+
+    def __init__(self):
+        self.log = []
+
+    @hal.hookimpl
+    def hal_plugin_info(self):
+        return hal.PluginInfo(name="pglogger", version="0.1", contract_version=CONTRACT_VERSION)
+
+    @hal.hookimpl
+    def hal_chips(self):
+        return []
+
+    @hal.hookimpl(wrapper=True)
+    def hal_create_process_group(self, chip, rank, world_size, global_ranks, group_name):
+        group = yield  # the owner's group (or an exception, which propagates)
+        self.log.append((chip, rank, world_size, list(global_ranks), group_name, group))
+        return group
+
+
+@pytest.fixture
+def restore_binding():
+    prev = hal.bound()
+    yield
+    hal.reset()
+    if prev is not None:
+        import importlib
+        importlib.import_module("hal.accelerator")._BOUND = prev
+        hal.ops.bind(prev.kernels)
+
+
+def _native_chip(name, group):
+    """A chip plugin that is natively available (runs on the host) and builds `group`."""
+    def hal_create_process_group(chip, store, rank, world_size, timeout, global_ranks, group_name):
+        return (group, chip, tuple(global_ranks), group_name)
+    return make_plugin(name=name, chip=name, hal_native_available=lambda chip: True,
+                       hal_create_process_group=hal_create_process_group)
+
+
+def test_a_wrapper_plugin_logs_every_process_group_creation(restore_binding):
+    """pluggy calls the add-on's wrapper around the owner's implementation, with the group's global
+    ranks and name (failed before: hooks were called directly on the owner, so no wrapper ran)."""
+    pm = hal.PluginManager()
+    pm.register(_native_chip("acme", "acme-group"), name="acme")
+    logger = ProcessGroupLogger()
+    pm.register(logger, name="pglogger")
+    acc = hal.bind("acme", emulated=False, pm=pm)
+    import torch.distributed as dist
+    from datetime import timedelta
+    got = acc.new_process_group(dist.HashStore(), 1, 2, timedelta(seconds=5), global_ranks=[4, 6],
+                                group_name="hetero/intra/0")
+    assert got == ("acme-group", "acme", (4, 6), "hetero/intra/0")
+    assert logger.log == [("acme", 1, 2, [4, 6], "hetero/intra/0", got)]
+
+
+def test_owners_of_other_chips_never_answer_and_a_1_0_signature_still_loads():
+    """A contract 1.0 owner that ignores `chip` (registered last, so first in pluggy's LIFO order)
+    does not answer for another plugin's chip: owners of other chips are left out of the call."""
+    from datetime import timedelta
+
+    def legacy_group(chip, store, rank, world_size, timeout):  # contract 1.0: no global_ranks/group_name
+        return "legacy-group"
+    pm = hal.PluginManager()
+    pm.register(_native_chip("acme", "acme-group"), name="acme")
+    pm.register(make_plugin(name="legacy", chip="legacy", version="1.0", hal_create_process_group=legacy_group,
+                            hal_native_available=lambda chip: "legacy says yes"), name="legacy")
+    args = dict(store=None, rank=0, world_size=1, timeout=timedelta(seconds=1), global_ranks=[0], group_name="g")
+    assert pm.call_owner("acme", "hal_create_process_group", **args)[0] == "acme-group"
+    assert pm.call_owner("legacy", "hal_create_process_group", **args) == "legacy-group"
+    assert pm.native_available("acme") is True and pm.call_owner("legacy", "hal_native_available") == "legacy says yes"
+
+
+def test_tryfirst_add_on_overrides_for_the_chips_it_handles():
+    from datetime import timedelta
+
+    class Override:
+        __name__ = "override"
+
+        @hal.hookimpl
+        def hal_plugin_info(self):
+            return hal.PluginInfo(name="override", version="0.1", contract_version=CONTRACT_VERSION)
+
+        @hal.hookimpl
+        def hal_chips(self):
+            return []
+
+        @hal.hookimpl(tryfirst=True)
+        def hal_create_process_group(self, chip):
+            return "override-group" if chip == "acme" else None  # None: not handled, next plugin
+
+        @hal.hookimpl(trylast=True)
+        def hal_collective_capabilities(self, chip):
+            return hal.CapabilityMatrix(chip=chip, source="fallback that should never win")
+
+    pm = hal.PluginManager()
+    pm.register(_native_chip("acme", "acme-group"), name="acme")
+    pm.register(_native_chip("beta", "beta-group"), name="beta")
+    pm.register(Override(), name="override")
+    args = dict(store=None, rank=0, world_size=1, timeout=timedelta(seconds=1), global_ranks=[0], group_name="g")
+    assert pm.call_owner("acme", "hal_create_process_group", **args) == "override-group"
+    assert pm.call_owner("beta", "hal_create_process_group", **args)[0] == "beta-group"
+    assert pm.capabilities("acme").source == "test plugin"  # firstresult: the owner's, not the trylast
+
+
+def test_every_bind_time_hook_goes_through_pluggy(restore_binding):
+    """pluggy's hook-call monitoring sees each chip-scoped hook the HAL asks at bind time."""
+    pm = hal.PluginManager()
+    pm.register(_native_chip("acme", "acme-group"), name="acme")
+    seen = []
+    undo = pm.pm.add_hookcall_monitoring(lambda name, impls, kwargs: seen.append(name), lambda *a: None)
+    try:
+        hal.bind("acme", emulated=False, pm=pm)
+    finally:
+        undo()
+    assert {"hal_native_available", "hal_device_runtime", "hal_chip_profile",
+            "hal_collective_capabilities"} <= set(seen), seen

@@ -43,11 +43,15 @@ def hal_chips():
 
 @hal.hookimpl
 def hal_native_available(chip):
+    if chip != CHIP.name:
+        return None  # not ours (an add-on or a pluggy subset may ask any plugin)
     return bool(probe()["native"])
 
 
 @hal.hookimpl
 def hal_chip_profile(chip, model):
+    if chip != CHIP.name:
+        return None
     from hal import catalog  # imported at first use so that importing the plugin stays cheap
     prof = catalog.profile_for(chip, model, ("float32", "bfloat16", "float16", "int8"))
     if model is not None and LAST_PROBE is not None and LAST_PROBE.get("native"):
@@ -60,6 +64,8 @@ def hal_chip_profile(chip, model):
 @hal.hookimpl
 def hal_device_runtime(chip):
     global LAST_PROBE
+    if chip != CHIP.name:
+        return None
     LAST_PROBE = probe(read_names=True)  # the name check needs the runtime up: only at bind
     if not LAST_PROBE["native"]:
         raise hal.ChipUnavailableError(f"plugin 'kunlun', hook 'hal_device_runtime': chip 'kunlun' is not "
@@ -68,12 +74,17 @@ def hal_device_runtime(chip):
 
 
 @hal.hookimpl
-def hal_create_process_group(chip, store, rank, world_size, timeout: timedelta):
-    return create_xccl_process_group(store, rank, world_size, timeout, chip=chip)
+def hal_create_process_group(chip, store, rank, world_size, timeout: timedelta, global_ranks, group_name):
+    if chip != CHIP.name:
+        return None
+    return create_xccl_process_group(store, rank, world_size, timeout, global_ranks, group_name, chip=chip,
+                                     backend=CHIP.ccl_backend)
 
 
 @hal.hookimpl
 def hal_collective_capabilities(chip):
+    if chip != CHIP.name:
+        return None
     return xccl_capabilities(chip)
 
 

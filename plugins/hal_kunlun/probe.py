@@ -11,13 +11,21 @@ backend routed to its own CCL. Public integrations recognise it by `torch_xmlir`
 So: Kunlun = torch_xmlir importable and torch.cuda sees devices. The device name is a second check,
 read at bind time (reading it initialises the runtime): a device that calls itself 'NVIDIA ...'
 is never claimed as Kunlun (and hal_cuda never claims a device while torch_xmlir is installed).
+
+Visible devices. Kunlun's own integrations set both variables to the same list: the XPU runtime
+reads XPU_VISIBLE_DEVICES (vLLM-Kunlun@09869ee7 setup_env.sh and ci/scripts/common/env.sh), the
+CUDA-compatible layer torch.cuda sees CUDA_VISIBLE_DEVICES (a public P800 training launch script sets
+both "0,...,7"; PaddlePaddle/FastDeploy PR 2794 discusses both for P800). If only one is set the two
+layers can number the devices differently, so before anything initialises the runtime the probe
+copies the one set into the other (`sync_visible_devices`), and refuses two different lists. The
+probe counts devices with torch.cuda.device_count(), never is_available() (fork safety, as hal_cuda).
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import os
-from typing import Any, Optional
+from typing import Any, MutableMapping, Optional
 
 import torch
 
@@ -38,13 +46,17 @@ def probe(read_names: bool = False) -> dict[str, Any]:
         installed = False
     if not installed:
         return {**found, "native": False, "reason": f"{ADAPTER} is not installed (not KunlunXin's PyTorch build)"}
+    conflict = sync_visible_devices(os.environ)
+    found.update({k: os.environ.get(k) for k in VISIBLE_ENVS})
+    if conflict:
+        return {**found, "native": False, "reason": conflict}
     try:
         module = importlib.import_module(ADAPTER)
     except Exception as exc:
         return {**found, "native": False, "reason": f"import {ADAPTER} failed: {type(exc).__name__}: {exc}"}
     found["adapter_version"] = str(getattr(module, "__version__", "unknown"))
     try:
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        count = torch.cuda.device_count()  # not is_available(): that would poison fork (see hal_cuda.probe)
     except Exception as exc:
         return {**found, "native": False, "reason": f"torch.cuda failed: {type(exc).__name__}: {exc}"}
     found["device_count"] = count
@@ -58,6 +70,26 @@ def probe(read_names: bool = False) -> dict[str, Any]:
             return {**found, "native": False,
                     "reason": f"{ADAPTER} is installed but the devices report NVIDIA names {nvidia}: not claimed as Kunlun"}
     return {**found, "native": True, "reason": f"{ADAPTER} imports and torch.cuda sees {count} XPU(s)"}
+
+
+VISIBLE_ENVS = ("XPU_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+
+
+def sync_visible_devices(env: MutableMapping[str, str]) -> Optional[str]:
+    """Make XPU_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES name the same devices (copy the one that is
+    set into the other). Returns a message when both are set to different lists, else None."""
+    xpu, cuda = (env.get(k) for k in VISIBLE_ENVS)
+    if xpu is not None and cuda is not None:
+        if xpu.replace(" ", "") != cuda.replace(" ", ""):
+            return (f"XPU_VISIBLE_DEVICES={xpu!r} and CUDA_VISIBLE_DEVICES={cuda!r} differ: the XPU runtime and "
+                    f"torch.cuda of KunlunXin's build would number the devices differently; set both to the "
+                    f"same list (or only XPU_VISIBLE_DEVICES)")
+        return None
+    if xpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = xpu
+    elif cuda is not None:
+        env["XPU_VISIBLE_DEVICES"] = cuda
+    return None
 
 
 def device_names(module: Any, count: int) -> list[str]:

@@ -78,7 +78,11 @@ def patch_torch_cuda(monkeypatch, state: CudaState) -> CudaState:
     monkeypatch.setattr(torch.cuda.nccl, "version", lambda: state.nccl)
     monkeypatch.setattr(dist, "ProcessGroupNCCL", _stand_in_nccl.FakeProcessGroupNCCL, raising=False)
     monkeypatch.setattr(c10d, "ProcessGroupNCCL", _stand_in_nccl.FakeProcessGroupNCCL, raising=False)
-    for var in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT"):
-        monkeypatch.delenv(var, raising=False)
+    # Variables the plugins set for the process: unset now, restored after the test (setenv first
+    # so that monkeypatch records the undo even when the variable was absent).
+    for var in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT", "TORCH_XCCL_ASYNC_ERROR_HANDLING",
+                "BKCL_TIMEOUT", "CUDA_VISIBLE_DEVICES", "XPU_VISIBLE_DEVICES"):
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     _stand_in_nccl.reset()
     return state
