@@ -4,8 +4,14 @@ One engine serves both front ends: `hal conformance` runs the checks directly, a
 collects the very same `Check` objects as test items. A check function takes a context (the
 worker's `WorkerContext`, or `LocalContext` for contract checks run in the calling process) plus
 its `params`, and either returns a message (passed), raises `CheckFailed` (the message says what was
-expected and what came), or raises `CheckSkipped` (the reason). Any other exception is a failure
-that names its type.
+expected and what came), raises `CheckNotApplicable` (the property does not exist for this plugin as
+it declares itself: a host-device chip has no second device to mix in) or `CheckSkipped` (the check
+applies but could not run here: ccl_bridge missing, one rank). Any other exception is a failure that
+names its type.
+
+What a status means for the verdict: a run passes when no check failed. `not_applicable` never
+counts against a plugin (not even under --fail-on-skip); `skipped` means "applies, not verified",
+so `--fail-on-skip` (a strict certification run) fails on it.
 """
 from __future__ import annotations
 
@@ -16,7 +22,8 @@ LEVELS: tuple[str, ...] = ("contract", "runtime", "ops", "collectives", "bridge"
 CORE_LEVELS: tuple[str, ...] = ("contract", "runtime", "ops", "errors")
 
 Where = Literal["local", "rank0", "all"]
-Status = Literal["passed", "failed", "skipped"]
+Status = Literal["passed", "failed", "skipped", "not_applicable"]
+STATUSES: tuple[str, ...] = ("passed", "failed", "skipped", "not_applicable")
 
 
 class CheckFailed(AssertionError):
@@ -24,7 +31,12 @@ class CheckFailed(AssertionError):
 
 
 class CheckSkipped(Exception):
-    """A check that does not apply here; the message says why."""
+    """A check that applies but could not run here; the message says why."""
+
+
+class CheckNotApplicable(CheckSkipped):
+    """The property does not exist for this plugin as declared (e.g. no second device on a host
+    chip, a dtype the runtime does not list): not a gap in the verification."""
 
 
 @dataclass
@@ -104,6 +116,8 @@ def run_check_fn(fn: Callable, ctx: Any, params: tuple) -> tuple[Status, str, An
     """Run a check function and turn what happened into (status, message, data)."""
     try:
         out = fn(ctx, *params)
+    except CheckNotApplicable as exc:
+        return "not_applicable", str(exc), None
     except CheckSkipped as exc:
         return "skipped", str(exc), None
     except CheckFailed as exc:

@@ -27,7 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated levels from {', '.join(LEVELS)}, or core / all (default all)")
     p.add_argument("-k", "--select", action="append", default=None, metavar="PATTERN",
                    help="run only checks whose id matches this glob or substring (repeatable)")
-    p.add_argument("--nproc", type=int, default=2, help="ranks for the multi-process levels (default 2)")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="ranks for the multi-process levels; collectives run at world sizes 2, 3, 4 and N up to "
+                        "it (default 4 where ranks share the host: cpu and emulated chips; else 2)")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a collective may take before the chip's group must raise (default 60)")
     p.add_argument("--json", metavar="FILE", help="write the JSON report here")
@@ -48,8 +50,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"hal conformance: error: {exc}", file=sys.stderr)
         return 2
-    target = load_target(args.plugin, chip=args.chip, emulate=args.emulate, nproc=args.nproc,
+    from .bounds import hard_bound
+    from .target import default_nproc
+    target = load_target(args.plugin, chip=args.chip, emulate=args.emulate, nproc=args.nproc or 2,
                          group_timeout_s=args.timeout)
+    if args.nproc is None:
+        target.nproc = default_nproc(target)
     if args.list:
         for c in discover(target, levels, args.select):
             print(f"{c.id:<58} {c.doc}")
@@ -61,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
 
     tag = "EMULATED" if target.emulated else "native"
     print(f"hal conformance: plugin {target.plugin_name}, chip {target.chip} ({tag}), levels "
-          f"{','.join(levels)}, {args.nproc} ranks", flush=True)
+          f"{','.join(levels)}, {target.nproc} ranks (collectives at world sizes "
+          f"{', '.join(map(str, target.world_sizes))}); ends within {hard_bound(levels, args.timeout) / 60:.0f} min "
+          f"whatever the plugin does", flush=True)
     report = run_suite(target, levels, args.select, on_result=show)
     if args.json:
         report.write_json(args.json)

@@ -31,6 +31,8 @@ class CheckItem(pytest.Item):
             raise CheckFailure(res.message)
         if res.status == "skipped":
             pytest.skip(res.message)
+        if res.status == "not_applicable":
+            pytest.skip(f"not applicable: {res.message}")
 
     def repr_failure(self, excinfo: Any, style: Any = None) -> str:
         if isinstance(excinfo.value, CheckFailure):
@@ -60,7 +62,10 @@ class ConformanceSession:
         try:
             self.levels = parse_levels(opt("hal_level"))
             self.target: Target = load_target(opt("hal_plugin"), chip=opt("hal_chip"), emulate=opt("hal_emulate"),
-                                              nproc=opt("hal_nproc"), group_timeout_s=opt("hal_timeout"))
+                                              nproc=opt("hal_nproc") or 2, group_timeout_s=opt("hal_timeout"))
+            if opt("hal_nproc") is None:
+                from .target import default_nproc
+                self.target.nproc = default_nproc(self.target)
         except Exception as exc:
             raise pytest.UsageError(f"hal conformance: {type(exc).__name__}: {exc}") from exc
         self.runner: Optional[Runner] = None

@@ -23,7 +23,8 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption("--hal-emulate", action="store_true", default=False, help="run the chip emulated on the CPU")
     group.addoption("--hal-level", default="all", metavar="LEVELS",
                     help="comma-separated levels (contract,runtime,ops,collectives,bridge,errors,perf), core or all")
-    group.addoption("--hal-nproc", type=int, default=2, metavar="N", help="ranks for multi-process levels (default 2)")
+    group.addoption("--hal-nproc", type=int, default=None, metavar="N",
+                    help="ranks for multi-process levels (default 4 for cpu and emulated chips, else 2)")
     group.addoption("--hal-timeout", type=float, default=60.0, metavar="S",
                     help="seconds a collective may take before the group must raise (default 60)")
     group.addoption("--hal-json", default=None, metavar="FILE", help="also write the suite's JSON report")

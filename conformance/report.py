@@ -2,8 +2,10 @@
 
 JSON, exactly:
     {"schema_version", "plugin", "chip", "emulated", "levels",
-     "checks": [{"id", "level", "status": "passed|failed|skipped", "message", "duration_s"}],
-     "summary": {"passed", "failed", "skipped"}, "efficiency_matrix": {...} or null}
+     "checks": [{"id", "level", "status": "passed|failed|skipped|not_applicable", "message", "duration_s"}],
+     "summary": {"passed", "failed", "skipped", "not_applicable"}, "efficiency_matrix": {...} or null}
+(schema 1.1 added `not_applicable`: a property this plugin does not have as declared; it never
+counts against the verdict, while `skipped` means "applies, not verified here".)
 The human report starts with a per-level summary table, then lists the failures first, then the
 skipped checks with their reasons, then every passed check. An emulated chip is labelled EMULATED
 at the top of every format.
@@ -17,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .checks import LEVELS, CheckResult
+from .checks import LEVELS, STATUSES, CheckResult
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 
 @dataclass
@@ -44,7 +46,7 @@ class Report:
     # ---- figures ------------------------------------------------------------------------------
     @property
     def summary(self) -> dict[str, int]:
-        out = {"passed": 0, "failed": 0, "skipped": 0}
+        out = {s: 0 for s in STATUSES}
         for r in self.results:
             out[r.status] += 1
         return out
@@ -60,7 +62,7 @@ class Report:
     def by_level(self) -> dict[str, dict[str, int]]:
         table: dict[str, dict[str, int]] = {}
         for r in self.results:
-            row = table.setdefault(r.level, {"passed": 0, "failed": 0, "skipped": 0, "seconds": 0.0})
+            row = table.setdefault(r.level, {**{s: 0 for s in STATUSES}, "seconds": 0.0})
             row[r.status] += 1
             row["seconds"] += r.duration_s
         return {lvl: table[lvl] for lvl in LEVELS if lvl in table}
@@ -82,23 +84,25 @@ class Report:
 
     # ---- Markdown / HTML ----------------------------------------------------------------------
     def _ordered(self) -> list[CheckResult]:
-        rank = {"failed": 0, "skipped": 1, "passed": 2}
+        rank = {"failed": 0, "skipped": 1, "not_applicable": 2, "passed": 3}
         return sorted(self.results, key=lambda r: rank[r.status])  # stable: level order within a status
 
     def markdown(self) -> str:
         s = self.summary
         verdict = "PASSED" if self.ok else "FAILED"
         lines = [f"# Conformance: plugin `{self.plugin}` {self.plugin_version or ''}, chip `{self.label}`", "",
-                 f"**{verdict}**: {s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped "
-                 f"in {self.seconds:.1f} s; levels: {', '.join(self.levels)}.", ""]
+                 f"**{verdict}**: {s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped, "
+                 f"{s['not_applicable']} not applicable in {self.seconds:.1f} s; levels: {', '.join(self.levels)}.", ""]
         if self.emulated:
             lines += ["> EMULATED: this chip ran on the host CPU with a CPU stand-in for its CCL; the results say "
                       "whether the plugin's logic is right, not how its hardware behaves.", ""]
-        lines += ["| level | passed | failed | skipped | seconds |", "|---|---:|---:|---:|---:|"]
+        lines += ["| level | passed | failed | skipped | not applicable | seconds |", "|---|---:|---:|---:|---:|---:|"]
         for lvl, row in self.by_level().items():
-            lines.append(f"| {lvl} | {row['passed']} | {row['failed']} | {row['skipped']} | {row['seconds']:.1f} |")
+            lines.append(f"| {lvl} | {row['passed']} | {row['failed']} | {row['skipped']} | {row['not_applicable']} "
+                         f"| {row['seconds']:.1f} |")
         lines.append("")
-        for status, title in (("failed", "Failures"), ("skipped", "Skipped"), ("passed", "Passed")):
+        for status, title in (("failed", "Failures"), ("skipped", "Skipped"), ("not_applicable", "Not applicable"),
+                              ("passed", "Passed")):
             rows = [r for r in self._ordered() if r.status == status]
             if not rows:
                 continue
@@ -117,10 +121,10 @@ class Report:
         out = [f"<!doctype html><html><head><meta charset='utf-8'><title>Conformance {esc(self.plugin)}</title>",
                "<style>body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
                "padding:2px 6px;vertical-align:top}.failed{background:#fdd}.skipped{background:#ffd}"
-               ".passed{background:#dfd}</style></head><body>",
+               ".passed{background:#dfd}.not_applicable{background:#eee}</style></head><body>",
                f"<h1>Conformance: plugin {esc(self.plugin)} {esc(self.plugin_version or '')}, chip {esc(self.label)}</h1>",
                f"<p><b>{'PASSED' if self.ok else 'FAILED'}</b>: {s['passed']} passed, {s['failed']} failed, "
-               f"{s['skipped']} skipped in {self.seconds:.1f} s</p>"]
+               f"{s['skipped']} skipped, {s['not_applicable']} not applicable in {self.seconds:.1f} s</p>"]
         if self.emulated:
             out.append("<p><b>EMULATED</b>: run on the host CPU with a CPU stand-in for the chip's CCL.</p>")
         out.append("<table><tr><th>level</th><th>passed</th><th>failed</th><th>skipped</th><th>seconds</th></tr>")
@@ -149,7 +153,7 @@ class Report:
         s = self.summary
         name = f"hal-conformance.{self.plugin}.{self.chip}{'.emulated' if self.emulated else ''}"
         suite = ET.Element("testsuite", name=name, tests=str(len(self.results)), failures=str(s["failed"]),
-                           errors="0", skipped=str(s["skipped"]), time=f"{self.seconds:.3f}")
+                           errors="0", skipped=str(s["skipped"] + s["not_applicable"]), time=f"{self.seconds:.3f}")
         for r in self.results:
             case = ET.SubElement(suite, "testcase", classname=f"{name}.{r.level}", name=r.id,
                                  time=f"{r.duration_s:.3f}")
@@ -157,6 +161,8 @@ class Report:
                 ET.SubElement(case, "failure", message=r.message[:500]).text = r.message
             elif r.status == "skipped":
                 ET.SubElement(case, "skipped", message=r.message[:500])
+            elif r.status == "not_applicable":
+                ET.SubElement(case, "skipped", type="not_applicable", message=f"not applicable: {r.message}"[:500])
         root = ET.Element("testsuites")
         root.append(suite)
         return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
@@ -170,9 +176,9 @@ class Report:
         lines = [f"hal conformance: plugin {self.plugin}, chip {self.label}, levels {','.join(self.levels)}"]
         for lvl, row in self.by_level().items():
             lines.append(f"  {lvl:<12} {row['passed']:>5} passed {row['failed']:>4} failed {row['skipped']:>4} skipped"
-                         f"  {row['seconds']:6.1f} s")
+                         f" {row['not_applicable']:>3} n/a  {row['seconds']:6.1f} s")
         for r in self._ordered():
-            if r.status == "failed" or (verbose and r.status == "skipped"):
+            if r.status == "failed" or (verbose and r.status in ("skipped", "not_applicable")):
                 lines.append(f"  {r.status.upper():<7} {r.id}: {r.message}")
         if self.efficiency_matrix is not None:
             em = self.efficiency_matrix
@@ -181,7 +187,7 @@ class Report:
             lines.append(f"  efficiency matrix: matmul {figs}; memory {(em.memory_bytes_per_s() or 0) / 1e9:.3g} GB/s"
                          + (" (EMULATED: host figures)" if em.emulated else ""))
         lines.append(f"{'PASSED' if self.ok else 'FAILED'}: {s['passed']} passed, {s['failed']} failed, "
-                     f"{s['skipped']} skipped in {self.seconds:.1f} s")
+                     f"{s['skipped']} skipped, {s['not_applicable']} not applicable in {self.seconds:.1f} s")
         return "\n".join(lines)
 
 

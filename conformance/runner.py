@@ -8,12 +8,15 @@ names the ranks.
 """
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 from typing import Callable, Iterable, Optional
 
 from hal.testing import WorkerPool
 
-from . import worker
+from . import bounds, worker
 from .checks import Check, CheckResult, run_check_fn
 from .target import LocalContext, Target
 
@@ -21,30 +24,43 @@ _SIGNALS = {6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM", 7: "SIGBUS
 
 
 class PoolHandle:
-    """A lazily started worker pool that is replaced after a hang or a death."""
+    """Lazily started worker pools, one per world size (the bridge level may need more ranks than
+    --nproc), each replaced after a hang or a death. `nproc` is the default size."""
 
     def __init__(self, nproc: int, env: Optional[dict] = None):
         self.nproc = nproc
         self.env = env or {}
-        self._pool: Optional[WorkerPool] = None
+        self._pools: dict[int, WorkerPool] = {}
         self.starts = 0
 
-    def get(self) -> WorkerPool:
-        if self._pool is None or not all(self._pool.alive()):
-            if self._pool is not None:
-                self._pool.close(kill=True)
-            self._pool = WorkerPool(self.nproc, env=self.env)
-            self.starts += 1
-        return self._pool
+    @property
+    def _pool(self) -> Optional[WorkerPool]:
+        return self._pools.get(self.nproc)
 
-    def discard(self) -> None:
-        if self._pool is not None:
-            self._pool.close(kill=True)
-            self._pool = None
+    def get(self, size: Optional[int] = None) -> WorkerPool:
+        size = size or self.nproc
+        pool = self._pools.get(size)
+        if pool is None or not all(pool.alive()):
+            if pool is not None:
+                pool.close(kill=True)
+            for other in [s for s in self._pools if s != size]:
+                self.discard(other)  # one pool at a time: the host's cores are shared
+            self._pools[size] = pool = WorkerPool(size, env=self.env)
+            self.starts += 1
+        return pool
+
+    def current(self, size: Optional[int] = None) -> Optional[WorkerPool]:
+        return self._pools.get(size or self.nproc)
+
+    def discard(self, size: Optional[int] = None) -> None:
+        pool = self._pools.pop(size or self.nproc, None)
+        if pool is not None:
+            pool.close(kill=True)
 
     def close(self) -> None:
         # Every result is already back; killing skips the workers' slow interpreter teardown.
-        self.discard()
+        for size in list(self._pools):
+            self.discard(size)
 
     def __enter__(self) -> "PoolHandle":
         return self
@@ -69,10 +85,11 @@ def _died(outcome, pool) -> str:
 
 
 class Runner:
-    """Runs `Check`s for one target and returns `CheckResult`s."""
+    """Runs `Check`s for one target and returns `CheckResult`s, each within its bound (see `bounds`)."""
 
     def __init__(self, target: Target, pool: Optional[PoolHandle] = None,
-                 on_result: Optional[Callable[[CheckResult], None]] = None):
+                 on_result: Optional[Callable[[CheckResult], None]] = None,
+                 budgets: Optional[dict[str, float]] = None):
         self.target = target
         self._own_pool = pool is None
         self.pool = pool or PoolHandle(target.nproc)
@@ -81,6 +98,11 @@ class Runner:
         self.on_result = on_result
         self.local = LocalContext(target)
         self._bound: dict = {}
+        self.budgets = budgets or {}
+        self._deadline: dict[str, float] = {}
+        self._hangs: dict[str, list[str]] = {}
+        self._bind_hung: dict = {}  # WorkerSpec -> why binding it did not finish
+        self._stacks = tempfile.mkdtemp(prefix="hal-conformance-stacks-")
 
     def run(self, checks: Iterable[Check]) -> list[CheckResult]:
         results = []
@@ -95,69 +117,125 @@ class Runner:
         """Run `check` and remember its result (local checks may read earlier results)."""
         res = self._run(check)
         self.local.results[res.id] = res
+        if res.status == "failed" and "(a hang" in res.message:
+            self._hangs.setdefault(check.level, []).append(check.id)
         return res
 
+    def _left(self, level: str) -> float:
+        """Seconds the level has left (its clock starts with its first check)."""
+        if level not in self._deadline:
+            budget = self.budgets.get(level, bounds.level_budget(level, self.target.group_timeout_s))
+            self._deadline[level] = time.monotonic() + budget
+        return self._deadline[level] - time.monotonic()
+
     def _run(self, check: Check) -> CheckResult:
-        if check.where != "local" and not self.target.load_error:
-            self._prepare(check_spec(self.target, check))  # pool start and binding: not the check's time
-        t0 = time.perf_counter()
+        left = self._left(check.level)
+        if left <= 0:
+            hung = self._hangs.get(check.level, [])
+            return CheckResult(check.id, check.level, "failed", "not run: the level's time budget was spent "
+                               f"({len(hung)} check(s) hung: {', '.join(hung[:3]) or 'none'}{'...' if len(hung) > 3 else ''}); "
+                               "see docs/conformance.md, 'Time bounds'", 0.0)
         if check.where == "local":
-            status, message, data = run_check_fn(check.fn, self.local, check.params)
+            t0 = time.perf_counter()
+            timeout = min(check.timeout, bounds.LOCAL_CHECK_TIMEOUT_S, left)
+            try:
+                status, message, data = bounds.call_bounded(
+                    lambda: run_check_fn(check.fn, self.local, check.params), timeout, f"check {check.id}")
+            except bounds.Hung as exc:
+                status, message, data = "failed", str(exc), None
             return CheckResult(check.id, check.level, status, message, time.perf_counter() - t0, data)
         if self.target.load_error:
             return CheckResult(check.id, check.level, "skipped", "not run: the plugin did not load "
                                "(see contract.registers)", 0.0)
-        if check.where == "all" and self.target.nproc < 2:
+        spec = check_spec(self.target, check)
+        size = len(spec.chips) or self.target.nproc
+        if check.where == "all" and size < 2:
             return CheckResult(check.id, check.level, "skipped", f"needs >= 2 ranks, --nproc is "
                                f"{self.target.nproc}", 0.0)
-        spec = check_spec(self.target, check)
+        if spec in self._bind_hung:
+            return CheckResult(check.id, check.level, "failed", f"not run: {self._bind_hung[spec]}", 0.0)
+        t0 = time.perf_counter()
+        why = self._prepare(spec, size, min(bounds.BIND_TIMEOUT_S, left))
+        if why:
+            return CheckResult(check.id, check.level, "failed", why, time.perf_counter() - t0)
+        t0 = time.perf_counter()  # pool start and binding are not the check's time
+        timeout = min(check.timeout, self._left(check.level))
+        if timeout <= 0:
+            return CheckResult(check.id, check.level, "failed", "not run: the level's time budget was spent "
+                               "binding the chip", 0.0)
         ranks = [0] if check.where == "rank0" else None
+        stack = os.path.join(self._stacks, "check")
         try:
-            pool = self.pool.get()
-            outcomes = pool.run(worker.run_check, spec, check.where, check.fn, check.params,
-                                timeout=check.timeout, check=False, ranks=ranks)
+            pool = self.pool.get(size)
+            outcomes = pool.run(worker.run_check, spec, check.where, check.fn, check.params, stack,
+                                _dump_after(timeout), timeout=timeout, check=False, ranks=ranks)
         except TimeoutError:
-            self.pool.discard()
-            return CheckResult(check.id, check.level, "failed", f"did not finish within {check.timeout:g}s "
-                               f"(a hang: some call neither returned nor raised); worker pool restarted",
-                               time.perf_counter() - t0)
-        return self._merge(check, outcomes, time.perf_counter() - t0)
+            self.pool.discard(size)
+            return CheckResult(check.id, check.level, "failed", f"did not finish within {timeout:g}s "
+                               f"(a hang: some call neither returned nor raised){_where(stack, size)}; "
+                               f"worker pool restarted", time.perf_counter() - t0)
+        return self._merge(check, outcomes, time.perf_counter() - t0, size)
 
-    def _prepare(self, spec) -> None:
-        pool = self.pool.get()
+    def _prepare(self, spec, size: int, timeout: float) -> Optional[str]:
+        """Start the pool and bind `spec` on every rank; a message if that hung (remembered: the
+        binding is not retried, every later check needing it fails at once)."""
+        pool = self.pool.get(size)
         if self._bound.get(id(pool)) == spec:
-            return
+            return None
+        stack = os.path.join(self._stacks, "bind")
         try:
-            pool.run(worker.prepare, spec, timeout=300, check=False)
+            pool.run(worker.prepare, spec, stack, _dump_after(timeout), timeout=timeout, check=False)
         except TimeoutError:
-            self.pool.discard()
-            return
+            self.pool.discard(size)
+            chips = sorted(set(spec.chips or (spec.chip,)))
+            why = (f"binding chip(s) {chips} (plugins {list(spec.plugins)}) in the workers did not finish within "
+                   f"{timeout:g}s (a hang in a plugin hook or the device runtime){_where(stack, size)}")
+            self._bind_hung[spec] = why
+            return why
         self._bound = {id(pool): spec}
+        return None
 
-    def _merge(self, check: Check, outcomes: list, seconds: float) -> CheckResult:
+    def _merge(self, check: Check, outcomes: list, seconds: float, size: int) -> CheckResult:
         per_rank = []
         dead = False
         for o in outcomes:
             if not o.ok:
                 dead = dead or o.died
-                why = _died(o, self.pool._pool) if o.died else f"worker error {o.error}"
+                why = _died(o, self.pool.current(size)) if o.died else f"worker error {o.error}"
                 per_rank.append((o.rank, "failed", why, None))
             else:
                 per_rank.append((o.rank, o.value["status"], o.value["message"], o.value["data"]))
         if dead:
-            self.pool.discard()
+            self.pool.discard(size)
         failed = [(r, m) for r, s, m, _ in per_rank if s == "failed"]
         data = per_rank[0][3] if len(per_rank) == 1 else [d for *_, d in per_rank]
         if failed:
             return CheckResult(check.id, check.level, "failed", _by_rank(failed, len(per_rank)), seconds, data)
-        if all(s == "skipped" for _, s, _, _ in per_rank):
-            return CheckResult(check.id, check.level, "skipped", per_rank[0][2], seconds, data)
+        for status in ("not_applicable", "skipped"):
+            if all(s == status for _, s, _, _ in per_rank):
+                return CheckResult(check.id, check.level, status, per_rank[0][2], seconds, data)
         passed = [(r, m) for r, s, m, _ in per_rank if s == "passed"]
         return CheckResult(check.id, check.level, "passed", _by_rank(passed, len(per_rank)), seconds, data)
 
     def close(self) -> None:
         if self._own_pool:
             self.pool.close()
+        shutil.rmtree(self._stacks, ignore_errors=True)
+
+
+def _dump_after(timeout: float) -> float:
+    """When a worker dumps its stacks: shortly before the pool's timeout cuts the call."""
+    return max(0.5, timeout - min(2.0, 0.2 * timeout))
+
+
+def _where(stack_prefix: str, size: int) -> str:
+    """'; stuck at: rank 0 at x.py:12 in f; rank 1 ...' from the workers' faulthandler dumps."""
+    seen = []
+    for r in range(size):
+        at = bounds.stuck_at(f"{stack_prefix}.rank{r}")
+        if at:
+            seen.append(f"rank {r} at {at}")
+    return ("; stuck: " + "; ".join(seen)) if seen else ""
 
 
 def check_spec(target: Target, check: Check):

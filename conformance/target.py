@@ -55,6 +55,12 @@ class Target:
     def plugin_version(self) -> Optional[str]:
         return self.record.info.version if self.record else None
 
+    @property
+    def world_sizes(self) -> tuple[int, ...]:
+        """The world sizes the collectives level checks: 2, 3 (odd) and 4 where --nproc allows, and
+        --nproc itself; every one runs in the one pool of --nproc ranks (subgroups of its first ranks)."""
+        return tuple(sorted({w for w in (2, 3, 4, self.nproc) if 2 <= w <= self.nproc}))
+
     def spec(self) -> WorkerSpec:
         return WorkerSpec(plugins=(self.plugin,), chip=self.chip, emulated=self.emulated, seed=self.seed,
                           group_timeout_s=self.group_timeout_s)
@@ -80,11 +86,28 @@ class Target:
         return caps
 
 
+def default_nproc(target: "Target") -> int:
+    """--nproc when none is given: 4 ranks (world sizes 2, 3 and 4) where ranks share the host (the chip's
+    tensors are host tensors, or it runs emulated), else 2 (one device per rank on a node: a vendor
+    passes --nproc up to its device count, 4 or more to cover an odd world size)."""
+    if target.emulated or target.record is None:
+        return 4
+    try:
+        return 4 if target.pm.chip(target.chip).torch_device_type == "cpu" else 2
+    except Exception:
+        return 2
+
+
 def load_plugin(plugin: str) -> tuple[PluginManager, Optional[PluginRecord], Optional[str]]:
-    """A fresh manager holding only `plugin`; (manager, record, None) or (manager, None, error)."""
+    """A fresh manager holding only `plugin`; (manager, record, None) or (manager, None, error).
+    Bounded: an import or registration hook that never returns is reported, not waited for."""
+    from .bounds import LOAD_TIMEOUT_S, Hung, call_bounded
     pm = PluginManager()
     try:
-        pm.load_entry_points(env={"HAL_PLUGINS": plugin})
+        call_bounded(lambda: pm.load_entry_points(env={"HAL_PLUGINS": plugin}), LOAD_TIMEOUT_S,
+                     f"loading plugin {plugin!r} (its import and registration hooks)")
+    except Hung as exc:
+        return PluginManager(), None, f"Hung: {exc}"
     except HalError as exc:
         return pm, None, f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # an import that fails in an unexpected way is still a load failure
@@ -114,7 +137,15 @@ def load_target(plugin: str, chip: Optional[str] = None, emulate: bool = False, 
     elif chip not in pm.chips:
         raise UnknownChipError(f"plugin {record.name!r} does not declare chip {chip!r}; it declares "
                                f"{record.chips}")
-    native = pm.native_available(chip)
+    from .bounds import LOCAL_CHECK_TIMEOUT_S, Hung, call_bounded
+    try:
+        native = bool(call_bounded(lambda: pm.native_available(chip), LOCAL_CHECK_TIMEOUT_S,
+                                   f"hal_native_available({chip!r})"))
+    except Hung:
+        native = False  # contract.native_probe reports the hang; the workers' binding is bounded too
+        require_runnable = False
+    except Exception:
+        native = False  # contract.native_probe reports what it raised
     if require_runnable and not emulate and not native:
         raise ChipUnavailableError(f"chip {chip!r} (plugin {record.name!r}) is not natively available on "
                                    f"this machine; run it emulated with --emulate")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Optional
 
+from . import bounds
 from .checks import run_check_fn
 from .target import WorkerSpec
 
@@ -52,7 +53,7 @@ class WorkerContext:
     acc: Any                        # hal.Accelerator bound for this spec
     rank: int
     world_size: int
-    _ccl: Any = field(default=None, repr=False)
+    _ccl: dict = field(default_factory=dict, repr=False)
     _hetero: Any = field(default=None, repr=False)
     _control: Any = field(default=None, repr=False)
 
@@ -68,11 +69,21 @@ class WorkerContext:
         return self.acc.new_process_group(dist.PrefixStore(prefix, _store()), self.rank, self.world_size,
                                           timeout)
 
-    def ccl(self) -> Any:
-        """The chip's CCL group for ordinary checks (built on first use, rebuilt after failures)."""
-        if self._ccl is None:
-            self._ccl = self.new_group()
-        return self._ccl
+    def ccl(self, world: Optional[int] = None) -> Any:
+        """The chip's CCL group over ranks 0 .. `world` - 1 (default: every rank of the pool), built on
+        first use and rebuilt after failures; None on ranks outside it. Every rank must call this at
+        the same point (group creation is collective over the store), in or out of the group."""
+        w = self.world_size if world is None else world
+        if not 1 <= w <= self.world_size:
+            raise ValueError(f"a group of {w} ranks in a pool of {self.world_size}")
+        if w not in self._ccl:
+            import torch.distributed as dist
+            prefix = _next_prefix(f"ccl{w}")
+            self._ccl[w] = None
+            if self.rank < w:
+                timeout = timedelta(seconds=self.spec.group_timeout_s)
+                self._ccl[w] = self.acc.new_process_group(dist.PrefixStore(prefix, _store()), self.rank, w, timeout)
+        return self._ccl[w]
 
     def hetero(self) -> Any:
         """A `hetero` group (ccl_bridge) over every rank, built straight through the backend's creator
@@ -93,7 +104,7 @@ class WorkerContext:
 
     def drop_ccl(self) -> None:
         """Forget the groups built so far (the next check builds fresh ones)."""
-        self._ccl = None
+        self._ccl = {}
         if self._hetero is not None:
             shutdown = getattr(self._hetero, "shutdown", None)
             if callable(shutdown):
@@ -156,19 +167,41 @@ def context(spec: WorkerSpec) -> WorkerContext:
     return _STATE
 
 
-def prepare(spec: WorkerSpec) -> str:
-    """Bind `spec` ahead of the first check (errors are left for that check to report)."""
+def prepare(spec: WorkerSpec, stack_path: Optional[str] = None, dump_after_s: float = 0.0) -> str:
+    """Bind `spec` ahead of the first check (errors are left for that check to report). With
+    `stack_path`, a binding still running after `dump_after_s` leaves its stacks there."""
+    bounds.arm_stack_dump(stack_path and f"{stack_path}.rank{os.environ.get('RANK', 0)}", dump_after_s)
     try:
         return repr(context(spec).acc)
     except Exception as exc:
         return f"bind failed: {type(exc).__name__}: {exc}"
+    finally:
+        bounds.disarm_stack_dump()
 
 
-def run_check(spec: WorkerSpec, where: str, fn: Callable, params: tuple) -> dict:
+def run_check(spec: WorkerSpec, where: str, fn: Callable, params: tuple, stack_path: Optional[str] = None,
+              dump_after_s: float = 0.0) -> dict:
     """Run one check on this rank; returns {"status", "message", "data", "seconds"}.
 
     For multi-rank checks ("all") every rank reports whether it passed to the others; after any
     failure the CCL group is rebuilt on every rank (a failed collective can leave it unusable)."""
+    bounds.arm_stack_dump(stack_path and f"{stack_path}.rank{os.environ.get('RANK', 0)}", dump_after_s)
+    try:
+        if os.environ.get("H7PROF"):
+            import cProfile
+            p = cProfile.Profile()
+            p.enable()
+            try:
+                return _run_check(spec, where, fn, params)
+            finally:
+                p.disable()
+                p.dump_stats(f"/tmp/h7_prof.rank{os.environ['RANK']}")
+        return _run_check(spec, where, fn, params)
+    finally:
+        bounds.disarm_stack_dump()
+
+
+def _run_check(spec: WorkerSpec, where: str, fn: Callable, params: tuple) -> dict:
     t0 = time.perf_counter()
     try:
         ctx = context(spec)

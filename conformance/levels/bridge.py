@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..checks import Check, CheckFailed, CheckSkipped
+from ..checks import Check, CheckFailed, CheckNotApplicable, CheckSkipped
 from ..target import Target, WorkerSpec
-from .collectives import SIZES, _attempt, _cases, combinations
+from .collectives import SIZES, _cases, _typed, combinations, run_cases
+from .required import REQUIRED_BRIDGE, required_by
 
 
 def bridge_spec(target: Target) -> WorkerSpec:
-    n = target.nproc
-    k = (n + 1) // 2
+    """The bridge's ranks: at least 2 of the plugin's chip (so its own CCL carries the intra-chip
+    part: with one rank per chip the bridge would never call it) and at least 1 of `cpu`; --nproc
+    ranks when that is 3 or more (the first half, rounded up, on the chip), else 3."""
+    n = max(target.nproc, 3)
+    k = max(2, (n + 1) // 2)
     plugins = (target.plugin,) if target.chip == "cpu" else (target.plugin, "cpu")
     return WorkerSpec(plugins=plugins, chip=target.chip, emulated=target.emulated, seed=target.seed,
                       group_timeout_s=target.group_timeout_s, chips=tuple([target.chip] * k + ["cpu"] * (n - k)))
@@ -45,7 +49,7 @@ def _skip_reason(ctx) -> str:
     if not ok:
         return why
     if ctx.spec.chip == "cpu":
-        return "the plugin's chip is the cpu reference: there is no second chip kind to bridge to"
+        raise CheckNotApplicable("the plugin's chip is the cpu reference: there is no second chip kind to bridge to")
     return ""
 
 
@@ -71,34 +75,26 @@ def check_bridge_collective(ctx, collective: str, dtype: str, op) -> str:
     if why:
         raise CheckSkipped(why)
     group = ctx.hetero()
+    need = required_by(REQUIRED_BRIDGE, collective, dtype, op)
+
+    def refusal_ok(case, exc) -> bool:
+        # Typed refusals only, and never of what training issues (strided views excepted: training
+        # hands the CCL contiguous buffers, and NCCL itself refuses strided ones).
+        return _typed(exc) and (need is None or case.layout == "strided")
+
     cases = _cases(collective, dtype, op, ctx.world_size)
-    first_bad, refused = None, None
-    for case in cases:
-        ok, detail = _attempt(ctx, case, group)
-        if detail.startswith("raised NotSupportedError"):
-            refused = (case, detail)
-            break
-        if detail.startswith("raised "):
-            first_bad = (case, detail)
-            break
-        if not ok and first_bad is None:
-            first_bad = (case, detail)
-    flags = ctx.agree_max([1.0 if first_bad else 0.0, 1.0 if refused else 0.0, 0.0 if refused else 1.0])
-    if first_bad:
-        case, detail = first_bad
-        raise CheckFailed(f"expected the golden result (or hal.NotSupportedError on every rank), "
-                          f"{case.describe()} on the hetero group: {detail}")
-    if flags[0] > 0:
-        raise CheckFailed("every case was right on this rank but failed on another")
-    if refused and flags[2] > 0:
-        raise CheckFailed(f"{refused[0].describe()} was refused on this rank but not on another: {refused[1]}")
-    if refused:
-        return f"refused with a typed error: {refused[1][len('raised '):][:200]}"
-    return f"{len(cases)} cases correct across the chips (sizes {list(SIZES)})"
+    _, notes = run_cases(ctx, cases, group, ctx.world_size, refusal_ok)
+    done = len(cases) - len(notes)
+    tag = f" (required: {need})" if need else ""
+    if done == 0 and notes:
+        return f"refused with hal.NotSupportedError{tag}: {notes[0]}"
+    note = f"; refused: {notes[0]}" + (f" (+{len(notes) - 1} more)" if len(notes) > 1 else "") if notes else ""
+    return f"{done} cases correct across the chips{tag} (sizes {list(SIZES)}, offset and strided views; {ctx.world_size} ranks, "
+            f"{ctx.spec.chips.count(ctx.spec.chip)} on {ctx.spec.chip}){note}"
 
 
-def _skipped(ctx, why: str) -> str:
-    raise CheckSkipped(why)
+def _skipped(ctx, why: str, applicable: bool = True) -> str:
+    raise (CheckSkipped if applicable else CheckNotApplicable)(why)
 
 
 check_hetero_group.worker_spec = bridge_spec
@@ -111,8 +107,9 @@ def discover(target: Target) -> list[Check]:
     available, why = _available()
     if target.chip == "cpu" or not available:
         # Skipped with the reason, decided here (no worker pool); the combinations are not listed.
-        why = why or "the plugin's chip is the cpu reference: there is no second chip kind to bridge to"
-        return [Check("bridge.hetero_group", "bridge", doc, _skipped, (why,), where="local")]
+        applicable = target.chip != "cpu"
+        why = why if applicable else "the plugin's chip is the cpu reference: there is no second chip kind to bridge to"
+        return [Check("bridge.hetero_group", "bridge", doc, _skipped, (why, applicable), where="local")]
     checks = [Check("bridge.hetero_group", "bridge", doc, check_hetero_group, where="all", timeout=t)]
     for suffix, coll, d, op in combinations():
         what = (f"{coll} of {d} with {op} across chips: golden result or typed refusal" if op else

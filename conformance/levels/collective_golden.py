@@ -21,12 +21,16 @@ needed. Verdicts:
   wrong result (a sum done in the wrong dtype, AVG computed as SUM, data from the wrong rank) is
   off by far more than that.
 
-Integer results wrap like the hardware's: the golden is computed in int64 and cast, which keeps
-the low bits (two's complement), exactly what an int8 sum that overflows gives. Integer avg
-truncates toward zero (C division, as NCCL's sum-then-divide does).
+Inputs span each dtype's whole value range (see `_value_class`): negatives, values near the maximum
+and minimum, subnormals, +-inf / NaN / -0.0 where the op moves data, and integers over their full
+range so that sums and products overflow. Integer results wrap exactly as torch's CPU ops do: the
+golden is computed in int64 (itself wrapping) and cast, keeping the low bits (two's complement).
+Integer avg truncates toward zero (C division, as NCCL's sum-then-divide does) and draws from a
+sixteenth of the range, since an overflowing average has no portable answer.
 """
 from __future__ import annotations
 
+import math
 import zlib
 from functools import lru_cache
 from typing import Optional
@@ -59,13 +63,74 @@ def tdtype(name: str) -> torch.dtype:
 
 
 def _value_class(dtype: str, op: Optional[str]) -> str:
-    """Inputs differ only by what keeps the golden exact or bounded: small integers for arithmetic
-    on integer dtypes, values near 1 for float products; everything else shares one input."""
-    if dtype in INT_DTYPES and op in ("sum", "avg", "premul_sum", "product"):
-        return "small"
-    if dtype in FLOAT_DTYPES and op == "product":
-        return "near1"
-    return "any"
+    """Which part of the dtype's value range a case draws from (every class spans negatives, large
+    and tiny magnitudes; each keeps the golden well defined for its op):
+
+    - integers: the **full** range, extremes included, for every op but avg, so sums and products
+      overflow and must wrap (two's complement, as torch's CPU ops do); avg draws from a sixteenth
+      of the range (an overflowing average has no portable answer: NCCL sums in the dtype first);
+    - float sums (sum, avg, premul_sum): normal values, large ones up to max/256 (no partial sum of
+      up to 128 ranks overflows, whatever the order), tiny normals and subnormals;
+    - float products: signed powers of two spread over 1/16 of the exponent range (16 factors neither
+      overflow nor underflow);
+    - float max/min: the above plus +-max, +-inf where the dtype has it (no zeros, whose sign max/min
+      may pick either way, and no NaN);
+    - data movement: everything, with NaN, -0.0 and 0.0 too (compared byte for byte)."""
+    if dtype == "bool":
+        return "any"
+    if dtype in INT_DTYPES:
+        return "int_avg" if op == "avg" else "int_full"
+    if op in ("sum", "avg", "premul_sum"):
+        return "sum"
+    if op == "product":
+        return "product"
+    if op in ("max", "min"):
+        return "order"
+    return "move"
+
+
+def _float_values(g: torch.Generator, dtype: str, n: int, kind: str) -> torch.Tensor:
+    """`n` values of floating `dtype` from the class `kind` (see `_value_class`), deterministic in `g`."""
+    td = tdtype(dtype)
+    fi = torch.finfo(td)
+    has_inf = dtype != "float8_e4m3fn"  # e4m3fn has no infinity (overflow is NaN)
+    sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
+    if kind == "product":
+        e = max(1.0, math.floor(math.log2(fi.max) / 16))
+        x = sign * torch.exp2((torch.rand(n, generator=g, dtype=torch.float64) * 2 - 1) * e)
+        return x.to(td)
+    x = torch.randn(n, generator=g, dtype=torch.float64)
+    u = torch.rand(n, generator=g, dtype=torch.float64)
+    pick = torch.rand(n, generator=g)
+    large = sign * (0.5 + 0.5 * u) * (fi.max / 256)
+    tiny = sign * (0.3 + 0.7 * u) * fi.tiny      # subnormals and the smallest normals
+    x = torch.where(pick < 0.1, large, torch.where(pick < 0.2, tiny, x))
+    if kind in ("order", "move"):
+        extreme = sign * fi.max
+        x = torch.where((pick >= 0.2) & (pick < 0.25), extreme, x)
+        if has_inf:
+            x = torch.where((pick >= 0.25) & (pick < 0.28), sign * math.inf, x)
+    out = x.to(td)
+    if kind == "order":
+        # No zeros: max(+0, -0) may return either; a zero from rounding becomes the smallest subnormal.
+        out = torch.where(out == 0, torch.tensor(fi.tiny * 0.5, dtype=torch.float64).to(td), out)
+    if kind == "move" and n:
+        specials = torch.tensor([math.nan, -0.0, 0.0], dtype=torch.float64).to(td)
+        idx = torch.arange(0, n, 5)[: n]  # every fifth element cycles through NaN, -0.0, 0.0
+        out[idx] = specials[torch.arange(idx.numel()) % 3]
+    return out
+
+
+def _int_values(g: torch.Generator, dtype: str, n: int, kind: str) -> torch.Tensor:
+    info = torch.iinfo(tdtype(dtype))
+    lo, hi = info.min, info.max
+    if kind == "int_avg":
+        lo, hi = lo // 16, hi // 16
+    x = torch.randint(lo, hi, (n,), generator=g, dtype=torch.int64).to(tdtype(dtype))
+    if kind == "int_full" and n:
+        x[::7] = hi   # every rank puts its extremes at the same places: sums and products overflow
+        x[3::11] = lo
+    return x
 
 
 @lru_cache(maxsize=1024)
@@ -74,16 +139,8 @@ def _cached_input(rank: int, dtype: str, n: int, tag: str, kind: str) -> torch.T
     if dtype == "bool":
         return torch.rand(n, generator=g) < 0.5
     if dtype in INT_DTYPES:
-        if kind == "small":
-            lo, hi = (0, 7) if dtype == "uint8" else (-6, 7)
-        else:
-            lo, hi = (0, 256) if dtype == "uint8" else (-100, 101)
-        return torch.randint(lo, hi, (n,), generator=g).to(tdtype(dtype))
-    if kind == "near1":  # n factors neither overflow nor underflow in 8/16 bits
-        x = 0.5 + 1.5 * torch.rand(n, generator=g, dtype=torch.float64)
-    else:
-        x = torch.randn(n, generator=g, dtype=torch.float64)
-    return x.to(tdtype(dtype))
+        return _int_values(g, dtype, n, kind)
+    return _float_values(g, dtype, n, kind)
 
 
 def make_input(rank: int, dtype: str, n: int, tag: str, op: Optional[str] = None) -> torch.Tensor:

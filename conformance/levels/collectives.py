@@ -15,11 +15,17 @@ Also `collectives.process_group` (the group's rank/size and a barrier) and
 """
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 from ..checks import Check, CheckFailed
 from ..target import Target
+from .collective_calls import LAYOUTS
 from .collective_golden import ALL_DTYPES, meaningful_ops
+from .required import REQUIRED_NATIVE, required_by
 
 SIZES = (0, 1, 7, 65539)  # empty, one, odd, large and odd (no even split across ranks)
+SMALL_WORLD_SIZES = (7, 65539)  # the sizes run at world sizes below the largest
+LAYOUT_SIZE = 7  # also run as a view with a storage offset and as a strided view
 REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor")
 MOVING = ("broadcast", "all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single", "gather",
           "scatter", "send_recv")
@@ -37,90 +43,115 @@ def combinations():
             yield f"{coll}.{d}", coll, d, None
 
 
-def _cases(collective: str, dtype: str, op, world: int, sizes=SIZES):
+def _cases(collective: str, dtype: str, op, world: int, sizes=SIZES, layouts=LAYOUTS):
+    """Every size (contiguous), layout (a view with a storage offset and a strided view, at
+    `LAYOUT_SIZE`), root (rooted collectives: every rank, so roots other than 0 and the last where
+    world > 2) and split (all_to_all: even and uneven) of one combination."""
     from .collective_calls import ROOTED, Case
+    shapes = [(n, "contiguous") for n in sizes] + [(LAYOUT_SIZE, lay) for lay in layouts if lay != "contiguous"]
     out = []
-    for n in sizes:
+    for n, layout in shapes:
         if collective in ROOTED:
-            out.extend(Case(collective, dtype, op, n, root=r) for r in range(world))
+            out.extend(Case(collective, dtype, op, n, root=r, layout=layout) for r in range(world))
         elif collective in ("all_to_all", "all_to_all_single"):
-            out.extend(Case(collective, dtype, op, n, uneven=u) for u in (False, True))
+            out.extend(Case(collective, dtype, op, n, uneven=u, layout=layout) for u in (False, True))
         else:
-            out.append(Case(collective, dtype, op, n))
+            out.append(Case(collective, dtype, op, n, layout=layout))
     return out
 
 
-def _attempt(ctx, case, group=None) -> tuple[bool, str]:
-    """(ok, detail) of one case on this rank; ok=False with the exception or the wrong output."""
+def world_cases(collective: str, dtype: str, op, world: int, largest: int):
+    """The cases at one world size: every size at the largest, the odd ones (7 and 65539) below it;
+    views with offsets and strides at every world size."""
+    return _cases(collective, dtype, op, world, sizes=SIZES if world == largest else SMALL_WORLD_SIZES)
+
+
+def _attempt(ctx, case, group) -> tuple[bool, str, Optional[BaseException]]:
+    """(ok, detail, exception) of one case on this rank: ok=False with what raised or what is wrong."""
     from .collective_calls import run_case
     try:
-        outputs = run_case(group if group is not None else ctx.ccl(), case, ctx.rank, ctx.world_size, ctx.device)
+        outputs = run_case(group, case, ctx.rank, group.size() if hasattr(group, "size") else ctx.world_size,
+                           ctx.device)
     except Exception as exc:
-        return False, f"raised {type(exc).__name__}: {str(exc).strip()[:300]}"
+        return False, f"raised {type(exc).__name__}: {str(exc).strip()[:300]}", exc
     wrong = [f"{what}: {why}" for what, why in outputs if why]
-    return (not wrong), "; ".join(wrong)
+    return (not wrong), "; ".join(wrong), None
 
 
-def check_collective(ctx, collective: str, dtype: str, op) -> str:
+def _typed(exc: Optional[BaseException]) -> bool:
+    from hal.errors import NotSupportedError
+    return isinstance(exc, NotSupportedError)
+
+
+def run_cases(ctx, cases, group, world: int, refusal_ok: Callable) -> tuple[int, list[str]]:
+    """Run `cases` on `group` (None on ranks outside it: they only join the agreement), then agree
+    once over every rank. A case that raised where `refusal_ok(case, exc)` accepts it (a refusal on
+    every rank, e.g. NCCL's of strided views) is noted and the next case runs; any other raise stops
+    this rank (its peers stop when their call times out) and a wrong result is kept while the rest
+    run, so the first problem is reported. Raises CheckFailed naming the world size and the case.
+    Returns (cases that ran correctly, notes on accepted refusals). After any refusal the groups are
+    rebuilt: a refusal on some ranks only may have left the others out of step."""
+    member = group is not None
+    done, notes, bad = 0, [], None
+    for case in cases if member else ():
+        ok, detail, exc = _attempt(ctx, case, group)
+        if exc is not None and refusal_ok(case, exc):
+            notes.append(f"{case.describe()} (world {world}): {detail[len('raised '):][:120]}")
+            continue
+        if not ok:
+            bad = bad or f"world size {world}, {case.describe()}: {detail}"
+            if exc is not None:
+                break
+            continue
+        done += 1
+    flags = ctx.agree_max([1.0 if bad else 0.0, 1.0 if notes else 0.0])
+    if flags[1] or flags[0]:
+        ctx.drop_ccl()
+    if bad:
+        raise CheckFailed(bad)
+    if flags[0]:
+        raise CheckFailed(f"world size {world}: every case was right on this rank but wrong or refused on another")
+    return done, notes
+
+
+def check_collective(ctx, collective: str, dtype: str, op, world_sizes=(2,)) -> str:
     caps = ctx.acc.capabilities
     declared = caps.supports(collective, dtype, op)
     label = f"{collective} dtype={dtype}" + (f" op={op}" if op else "")
+    need = required_by(REQUIRED_NATIVE, collective, dtype, op)
+    if need and not declared:
+        raise CheckFailed(f"required of every chip's CCL ({need} issues {label}), but the capability matrix does "
+                          f"not declare it (a refusal is not a pass)")
     if declared:
-        return _declared(ctx, _cases(collective, dtype, op, ctx.world_size))
-    case = _cases(collective, dtype, op, ctx.world_size, sizes=(7,))[0]
-    ok, detail = _attempt(ctx, case)
-    raised = detail.startswith("raised ")
-    flags = ctx.agree_max([1.0 if raised else 0.0, 0.0 if raised else 1.0])
-    if ok:
+        total, notes = 0, []
+        for w in world_sizes:
+            group = ctx.ccl(w)
+            cases = world_cases(collective, dtype, op, w, max(world_sizes))
+            _, more = run_cases(ctx, cases, group, w, refusal_ok=lambda case, exc: case.optional)
+            total, notes = total + len(cases) - len(more), notes + more
+        note = (f"; optional cases refused: {notes[0]}" + (f" (+{len(notes) - 1} more)" if len(notes) > 1 else "")
+                if notes else "")
+        return (f"declared supported{' (required: ' + need + ')' if need else ''}: {total} cases correct at world "
+                f"sizes {list(world_sizes)} (sizes {list(SIZES)}, offset and strided views of {LAYOUT_SIZE})"
+                f"{note}")
+    case = _cases(collective, dtype, op, ctx.world_size, sizes=(7,), layouts=("contiguous",))[0]
+    ok, detail, exc = _attempt(ctx, case, ctx.ccl())
+    typed = _typed(exc)
+    flags = ctx.agree_max([1.0 if typed else 0.0, 0.0 if typed else 1.0, 1.0 if ok else 0.0, 0.0 if ok else 1.0])
+    if flags[2] and not flags[3]:
         return f"not declared, yet correct ({case.describe()}): the capability matrix under-declares"
-    if raised and flags[1] == 0.0:
-        return f"not declared, refused as expected: {detail[len('raised '):]}"
-    if raised:
-        raise CheckFailed(f"not declared; expected every rank to refuse {label} (or give the right result), "
-                          f"but this rank raised and another did not: {detail}")
-    raise CheckFailed(f"not declared in the capability matrix, so {label} must raise a not-supported error or "
-                      f"give the right result; it returned without error and a wrong result: {detail}")
-
-
-def _declared(ctx, cases) -> str:
-    """Run every case of a declared combination; fail on the first wrong one.
-
-    Ranks stay in step without a handshake per case: a wrong *result* does not stop a rank (every
-    rank runs every case, then they agree once); a case that *raised* stops this rank at once and
-    it agrees right away, and a peer still inside a collective reaches the same agreement when its
-    group times out and raises. Optional cases (see `Case.optional`) may be refused; they agree
-    per case, since a refusal on some ranks only would leave the others mid-call."""
-    first_wrong, refused = None, []
-    raised_at = None
-    for case in cases:
-        ok, detail = _attempt(ctx, case)
-        raised = detail.startswith("raised ")
-        if case.optional:
-            flags = ctx.agree_max([1.0 if raised else 0.0, 0.0 if ok or raised else 1.0])
-            if not ok and not raised and first_wrong is None:
-                first_wrong = (case, detail)
-            if flags[0] > 0:
-                refused.append(f"{case.describe()} refused ({detail[len('raised '):][:120]})" if raised
-                               else f"{case.describe()} refused on another rank")
-                if not raised:
-                    ctx.drop_ccl()  # this rank completed a call its peers refused: rebuild the group
-            continue
-        if raised:
-            raised_at = (case, detail)
-            break
-        if not ok and first_wrong is None:
-            first_wrong = (case, detail)
-    bad = first_wrong or raised_at
-    others_bad = ctx.agree_max([1.0 if bad else 0.0])[0] > 0
-    if bad:
-        case, detail = bad
-        raise CheckFailed(f"declared supported in the capability matrix; expected the golden result, "
-                          f"{case.describe()}: {detail}")
-    if others_bad:
-        raise CheckFailed("declared supported; every case was right on this rank but failed on another")
-    note = (f"; optional cases refused: {refused[0]}" + (f" (+{len(refused) - 1} more)" if len(refused) > 1 else "")
-            if refused else "")
-    return f"declared supported: {len(cases) - len(refused)} cases correct (sizes {list(SIZES)}){note}"
+    if typed and not flags[1]:
+        return f"not declared, refused as the hookspec asks: {detail[len('raised '):]}"
+    if exc is not None and not typed:
+        raise CheckFailed(f"not declared; an undeclared combination must raise hal.NotSupportedError (the hookspec "
+                          f"of hal_collective_capabilities) or give the right result; {label} {detail}")
+    if exc is not None:
+        raise CheckFailed(f"not declared; expected every rank to refuse {label} with hal.NotSupportedError, but "
+                          f"this rank raised and another did not: {detail}")
+    if not ok:
+        raise CheckFailed(f"not declared in the capability matrix, so {label} must raise hal.NotSupportedError or "
+                          f"give the right result; it returned without error and a wrong result: {detail}")
+    raise CheckFailed(f"not declared; right on this rank but refused or wrong on another ({case.describe()})")
 
 
 def check_process_group(ctx) -> str:
@@ -173,8 +204,8 @@ def discover(target: Target) -> list[Check]:
     for suffix, coll, d, op in combinations():
         what = (f"{coll} of {d} with {op}: golden result if declared, refusal if not" if op else
                 f"{coll} of {d}: bit-exact if declared, refusal if not")
-        checks.append(Check(f"collectives.{suffix}", "collectives", what, check_collective, (coll, d, op),
-                            where="all", timeout=t))
+        checks.append(Check(f"collectives.{suffix}", "collectives", what, check_collective,
+                            (coll, d, op, target.world_sizes), where="all", timeout=t))
     checks.append(Check("collectives.barrier", "collectives", "barrier completes on every rank",
                         check_barrier, where="all", timeout=t))
     return checks
