@@ -9,6 +9,8 @@ The package (D, default ./hal-NAME) holds:
 Then:
   pip install D && hal info      # lists chip NAME: native no, emulated yes
   HAL_EMULATE=NAME hal ops-check # the HAL op tests on the emulated chip
+To make it native, set VENDOR, ADAPTER, DEVICE_TYPE, CCL_BACKEND and CCL_CREATOR at the top of
+hal_NAME/__init__.py (docs/writing-a-plugin.md, "The values you set").
 NAME must be a lowercase identifier (the chip name, e.g. `acme`) that no installed plugin uses.
 """
 from __future__ import annotations
@@ -110,5 +112,7 @@ def run(args: argparse.Namespace) -> int:
     for f in files:
         print(f"  {f.relative_to(target)}")
     print(f"next:\n  pip install {target}\n  hal info\n  HAL_EMULATE={args.name} hal ops-check\n"
-          f"  pytest {target / 'tests'}")
+          f"  pytest {target / 'tests'}\n"
+          f"to run natively: set VENDOR, ADAPTER, DEVICE_TYPE, CCL_BACKEND, CCL_CREATOR in "
+          f"{target / f'hal_{args.name}' / '__init__.py'} (docs/writing-a-plugin.md, 'The values you set')")
     return 0

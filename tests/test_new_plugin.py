@@ -1,6 +1,11 @@
 """`hal new-plugin` end to end, as a vendor would: generate `acme`, pip-install it into a throwaway site
 folder, `hal info --json` lists it (native no, emulated yes), and the HAL op tests pass on it emulated
-(`hal ops-check --chips acme`). Nothing of this repository is edited: everything lands in tmp folders.
+(`hal ops-check --chips acme`). Then two native plugins from the template, with only the values
+docs/writing-a-plugin.md tells a vendor to set: a chip on host tensors with gloo as its CCL, and one
+whose CCL a stand-in adapter registers with `Backend.register_backend`; both pass `hal conformance
+--level all` (no private torch API in the template), the first becomes the default chip with a
+warning, and the measuring tool measures the second's own group. Nothing of this repository is
+edited: everything lands in tmp folders.
 """
 from __future__ import annotations
 
