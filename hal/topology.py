@@ -268,7 +268,7 @@ class SubClusterTopo:
 class Topology:
     """Sub-clusters of a world, every rank's chip and node, and the bridge's rails over it."""
 
-    sub_clusters: tuple[SubClusterTopo, ...]
+    sub_clusters: list[SubClusterTopo]
     layout: RailLayout
     name: str = ""
     source: Optional[str] = None
@@ -358,7 +358,7 @@ class Topology:
                                             f"already in another sub-cluster")
                     sc_of[r], node_of[r] = i, ids
         keys = [(scs[sc_of[r]].chip, scs[sc_of[r]].emulated) for r in range(world)]
-        return cls(sub_clusters=tuple(scs), layout=rail_layout(keys, max_parts), name=name, source=source,
+        return cls(sub_clusters=list(scs), layout=rail_layout(keys, max_parts), name=name, source=source,
                    _sc_of=tuple(sc_of), _node_of=tuple(node_of))
 
     # ---- queries ----------------------------------------------------------------------------------
