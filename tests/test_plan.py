@@ -235,3 +235,15 @@ def test_check_schedules():
            "in a V", "[0, 1, 0, 1]")
     raises(check(v, schedule="Interleaved1F1B", num_microbatches=4), "stages", "4 stages on 2 rank groups",
            "round-robin", "[0, 1, 1, 0]")
+
+
+def test_example_plans_load_and_check():
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "examples"
+    tiny = ModelConfig.from_toml(root / "models" / "tiny.toml")
+    plans = {p.name: Plan.load(p) for p in sorted((root / "plans").glob("*.toml"))}
+    assert set(plans) == {"tiny-dp-3+1.toml", "tiny-pp-3+1.toml"}
+    for p in plans.values():
+        p.check(T31, tiny)
+    assert [r.microbatch for r in plans["tiny-dp-3+1.toml"].stages[0].replicas] == [3, 2, 2, 1]
+    assert [r.microbatch for r in plans["tiny-pp-3+1.toml"].stages[1].replicas] == [5, 3]
