@@ -71,10 +71,11 @@ def torchrun_argv(bed: Testbed, host: int, target: Sequence[str], master_port: i
 
 def job_env(bed: Testbed, host: int, env: Optional[dict] = None) -> dict:
     """The environment of host `host`'s agent: the caller's, HAL_EMULATE from the bed's chips (global
-    rank order), HAL_RANK_NICS for its NICs, one OpenMP thread per rank (a few cores serve many ranks)."""
+    rank order; not when a cluster spec HAL_CLUSTER gives the chips), HAL_RANK_NICS for its NICs, one
+    OpenMP thread per rank (a few cores serve many ranks)."""
     out = dict(os.environ)
     out.setdefault("OMP_NUM_THREADS", "1")
-    if bed.spec.chips:
+    if bed.spec.chips and not (env or {}).get("HAL_CLUSTER") and not out.get("HAL_CLUSTER"):
         out["HAL_EMULATE"] = ",".join(f"{c}:{len(list(g))}" for c, g in itertools.groupby(bed.spec.chips))
     out["HAL_RANK_NICS"] = ",".join(bed.nic(i) for i in range(bed.spec.ranks[host]))
     out.pop("GLOO_SOCKET_IFNAME", None)

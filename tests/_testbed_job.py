@@ -85,9 +85,9 @@ def _addr(hexaddr: str) -> str:
     return f"{'.'.join(str(x) for x in b)}:{int(port, 16)}"
 
 
-def long_all_reduce(n: int, repeats: int, timeout_s: float) -> dict:
+def long_all_reduce(n: int, repeats: int, timeout_s: float, phase: str = "long") -> dict:
     """All_reduce n floats `repeats` times on a fresh `hetero` group with timeout `timeout_s`, each
-    result checked; phase file 'long' marks the start of the second one (the test pulls a link or
+    result checked; phase file `phase` marks the start of the second one (the test pulls a link or
     kills a host then). Returns the outcome: ok, wrong, or the typed error and how long it took."""
     g = dist.new_group(backend="hetero", timeout=datetime.timedelta(seconds=timeout_s))
     t = torch.empty(n)
@@ -99,7 +99,7 @@ def long_all_reduce(n: int, repeats: int, timeout_s: float) -> dict:
         for i in range(repeats):
             t.fill_(dist.get_rank() + 1)
             if i == 1:
-                _phase("long")
+                _phase(phase)
             t1 = time.monotonic()
             dist.all_reduce(t, group=g)
             if not bool((t == want).all()):
@@ -139,8 +139,10 @@ def main() -> None:
             _emit({"rank": rank, "i": i, "case": name, "ok": True, "value": value,
                    "seconds": time.monotonic() - t0})
             failed |= isinstance(value, dict) and value.get("outcome") in ("error", "wrong")
+            _phase(f"done{i}")
         except Exception as exc:
             failed = True
+            _phase(f"done{i}")
             _emit({"rank": rank, "i": i, "case": name, "ok": False, "error_type": type(exc).__name__,
                    "error": str(exc)[:2000], "traceback": traceback.format_exc()[-3000:],
                    "seconds": time.monotonic() - t0})
