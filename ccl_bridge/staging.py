@@ -62,10 +62,16 @@ class ScratchPool:
 
 
 class DeviceSync:
-    """Orders host reads after device copies for a native chip; nothing to do for CPU tensors."""
+    """Orders host reads after device copies for a native chip; nothing to do for CPU tensors.
 
-    def __init__(self, accelerator: Any):
-        self.native = accelerator is not None and not accelerator.emulated and accelerator.device.type != "cpu"
+    `native` (default: a non-emulated accelerator whose device is not the host) can be forced on, so
+    the device path runs against stand-in streams and events where no device exists (the native
+    lane's CI half, tests/test_native_lane.py)."""
+
+    def __init__(self, accelerator: Any, native: Optional[bool] = None):
+        if native is None:
+            native = accelerator is not None and not accelerator.emulated and accelerator.device.type != "cpu"
+        self.native = bool(native) and accelerator is not None
         self._acc = accelerator
         # The current device is per thread: remember this rank's (LOCAL_RANK's) to set it on the
         # bridge's own threads, whose default would be device 0.
