@@ -52,6 +52,7 @@ def world_group_kind() -> tuple:
     import hal
     pg = dist.group.WORLD
     backend = pg._get_backend(torch.device("cpu")) if type(pg) is dist.ProcessGroup else pg
+    backend = getattr(backend, "gloo", backend)  # hal.gloo_group.StridedSafeGloo wraps ProcessGroupGloo
     t = torch.ones(3) * (dist.get_rank() + 1)
     dist.all_reduce(t)
     return type(pg).__name__, type(backend).__name__, hal.accelerator().chip.name, t.tolist()
