@@ -268,11 +268,11 @@ def make_group(backend: str, chips: list[tuple[str, bool]], timeout: timedelta) 
 
 
 def sub_clusters(chips: list[tuple[str, bool]]) -> dict[str, list[int]]:
-    """label -> global ranks of each sub-cluster (same chip and emulated flag), by lowest rank."""
-    kinds: dict[tuple, list[int]] = {}
-    for r, key in enumerate(chips):
-        kinds.setdefault(tuple(key), []).append(r)
-    return {f"{chip} x{len(m)}" + (" (emulated)" if emu else ""): m for (chip, emu), m in kinds.items()}
+    """label -> global ranks of each sub-cluster (same chip and emulated flag, by lowest rank), as
+    `hal.topology.rail_layout` groups them for the bridge."""
+    from hal.topology import rail_layout
+    return {f"{g.chip} x{g.size}" + (" (emulated)" if g.emulated else ""): list(g.ranks)
+            for g in rail_layout([tuple(k) for k in chips]).subclusters}
 
 
 def _groups(labelled: dict[str, list[int]], backend: str, timeout: timedelta) -> GroupUnderTest:
@@ -300,13 +300,13 @@ def vendor_groups(chips: list[tuple[str, bool]], timeout: timedelta) -> GroupUnd
 
 
 def rail_groups(chips: list[tuple[str, bool]], timeout: timedelta) -> Optional[GroupUnderTest]:
-    """Gloo groups of the ranks with the same index in their sub-clusters (the bridge's rails), or
-    None when the sub-clusters differ in size (uneven rails: not modelled here)."""
-    subs = list(sub_clusters(chips).values())
-    if len({len(m) for m in subs}) != 1:
+    """Gloo groups over the bridge's rails (`hal.topology`), or None when the sub-clusters differ in
+    size (uneven rails carry different shares: not modelled here)."""
+    from hal.topology import rail_layout
+    layout = rail_layout([tuple(k) for k in chips])
+    if len({g.size for g in layout.subclusters}) != 1 or not layout.rail_mode:
         return None
-    rails = {f"rail {i}": [m[i] for m in subs] for i in range(len(subs[0]))}
-    return _groups(rails, "gloo", timeout)
+    return _groups({f"rail {r.index}": list(r.members) for r in layout.rails}, "gloo", timeout)
 
 
 # ---- the measurement -------------------------------------------------------------------------------

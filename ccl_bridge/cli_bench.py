@@ -244,7 +244,7 @@ def _print_preamble(args, chips, gut, sizes, human_bytes, bus_factor) -> None:
 
 def _print_stages(stages, rows) -> None:
     if stages is None:
-        print("# stage model: sub-clusters of different sizes have uneven rails; not modelled")
+        print("# stage model: needs several sub-clusters of one size (equal rails); not modelled")
         return
     print("# the bridge against its own model: its all_reduce stages timed one by one on groups shaped like its "
           "own (every sub-cluster's vendor group / every rail at once; median of repeats, slowest group).")
