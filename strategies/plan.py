@@ -93,6 +93,10 @@ class Stage(_Model):
         return self.replicas[0].tp
 
     @property
+    def dp(self) -> int:
+        return len(self.replicas)
+
+    @property
     def microbatch_size(self) -> int:
         return sum(r.microbatch for r in self.replicas)
 

@@ -65,7 +65,7 @@ def test_derived_quantities():
     assert p.rows(0, 0) == (0, 3) and p.rows(0, 1) == (3, 4) and p.rows(1, 0) == (0, 4)
     assert p.role(3) == Role(stage=0, replica=1, tp_index=1) and p.role(4) == Role(1, 0, 0)
     assert p.tp_ranks(0, 1) == [2, 3] and p.dp_ranks(0, 0) == [0, 2] and p.dp_ranks(0, 1) == [1, 3]
-    assert p.stages[0].tp == 2 and p.stages[1].tp == 1
+    assert (p.stages[0].tp, p.stages[0].dp, p.stages[1].tp, p.stages[1].dp) == (2, 2, 1, 1)
     raises(lambda: p.role(9), "stages", "rank 9", "holds 0 roles")
 
 
