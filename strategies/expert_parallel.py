@@ -108,3 +108,11 @@ def aux_loss(model: nn.Module):
     """Sum of the MoE layers' aux-loss shares from the last forward (None when no layer ran)."""
     shares = [layer.aux_loss for _, layer in moe_layers(model) if layer.aux_loss is not None]
     return sum(shares) if shares else None
+
+
+def inject_aux_loss(model: nn.Module, coef: Optional[float]) -> None:
+    """Let every MoE layer put coef x its aux-loss share into backward itself (no aux term in the
+    loss): what a pipeline stage needs, since only the last stage computes a loss. None switches it
+    off (the model's loss then adds coef x aux_loss(), e.g. GPT.aux_loss())."""
+    for _, layer in moe_layers(model):
+        layer.inject_aux_coef = coef

@@ -22,7 +22,9 @@ Semantics (one definition, the same code path in one process and on W ranks; the
   tokens' probs of e) / T_global: the sum over EP ranks is the single-process aux loss, so with the
   training contract's loss convention (each rank's loss already divided by global counts, gradients
   SUM-reduced) one step equals the single-process step. `.aux_loss` is coefficient-free: the model
-  multiplies it by ModelConfig.moe_aux_loss_coef.
+  multiplies it by ModelConfig.moe_aux_loss_coef. Under pipeline parallelism a stage cannot add it to
+  the loss (only the last stage has one): set `inject_aux_coef` (expert_parallel.inject_aux_loss) and
+  the layer puts coef x its share into backward itself, Megatron-LM's MoEAuxLossAutoScaler.
 - Experts live in `self.experts`, an nn.ModuleDict keyed by GLOBAL expert id ("0", "5", ...), so a
   rank hosting experts [5, 1] holds parameters named `experts.5.w1.weight`, ... exactly as the
   single-process model names them (parity, checkpoints). An uneven placement (a faster chip hosting
@@ -106,6 +108,22 @@ def _all_to_all(x: torch.Tensor, out_rows: int, send_splits: list[int], recv_spl
         return all_to_all_single(out, x.contiguous(), recv_splits, send_splits, group=group)
 
 
+class _InjectAux(torch.autograd.Function):
+    """Identity on the layer output whose backward also gives `aux` the gradient 1 (Megatron-LM's
+    MoEAuxLossAutoScaler, megatron/core/transformer/moe/moe_utils.py): the aux loss trains the router
+    without being added to the loss, which a pipeline stage other than the last cannot do."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(aux)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        (aux,) = ctx.saved_tensors
+        return grad_y, torch.ones_like(aux)
+
+
 class MoE(nn.Module):
     """Mixture-of-experts FFN: x (..., hidden) -> (..., hidden); `.aux_loss` set by every forward.
 
@@ -129,6 +147,10 @@ class MoE(nn.Module):
         ids = range(experts) if local_experts is None else local_experts
         self.experts = nn.ModuleDict({str(int(e)): Expert(hidden, ffn) for e in ids})
         self.aux_loss: Optional[torch.Tensor] = None
+        # None: the model adds coef x aux_loss to its loss (GPT.aux_loss()). A float c: the layer injects
+        # c x its aux share into backward itself (_InjectAux) - for pipeline stages; then do NOT also
+        # add the aux loss to the loss (it would count twice).
+        self.inject_aux_coef: Optional[float] = None
         self.last_stats: dict = {}
         self.set_group(group, placement)
 
@@ -252,4 +274,7 @@ class MoE(nn.Module):
         self.last_stats = {"tokens_global": t_global, "capacity": cap,
                            "dropped_global": int((per_rank - kept).sum()), "sent": int(payload.size(0)),
                            "received": int(received.size(0))}
-        return y.reshape(shape)
+        y = y.reshape(shape)
+        if self.inject_aux_coef is not None and torch.is_grad_enabled():
+            y = _InjectAux.apply(y, self.aux_loss * self.inject_aux_coef)
+        return y

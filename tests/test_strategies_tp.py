@@ -11,7 +11,7 @@ single-process run computed on the rank.
 
 Tolerance: every fp32 parameter within 1e-5 absolute of the single-process run. The difference is
 summation order only (a row-parallel linear sums TP partial products by all-reduce / reduce-scatter
-instead of inside one matmul; measured at most a few 1e-7 here); every compared parameter moved by at
+instead of inside one matmul; measured at most 3.3e-7 here); every compared parameter moved by at
 least 10 x that, so a missing or doubled gradient reduction (e.g. of the sequence-parallel norm
 gains) cannot pass.
 """
@@ -39,6 +39,8 @@ def pool():
 def _check(r: dict) -> None:
     worst = {n: d for n, d in r["param_diffs"].items() if d > TOL}
     assert not worst, f"TP {r['tp']}: parameters off the single-process run by more than {TOL}: {worst}"
+    print(f"  max |param - single process| = {max(r['param_diffs'].values()):.2e}, "
+          f"least moved {min(r['moved'].values()):.2e}")
     still = {n: m for n, m in r["moved"].items() if m < 10 * TOL}
     assert not still, f"TP {r['tp']}: parameters that barely trained: {still}"
     assert r["losses"] == pytest.approx(r["ref_losses"], abs=1e-5)
