@@ -171,3 +171,33 @@ def test_registration_is_idempotent_and_claims_no_default_device():
     assert "cpu" in dist.Backend.backend_capability["hetero"]
     assert dist.Backend.default_device_backend_map == before
     assert "hetero" not in dist.Backend.default_device_backend_map.values()
+
+
+@pytest.mark.parametrize("shape", ["cuda:2,ascend:2", "ascend:3,cuda:1", "cuda:2,ascend:1,kunlun:1", "cuda:4,ascend:2",
+                                   "cuda:4,ascend:3", "cuda:3,kunlun:2,ascend:1"])
+def test_all_to_all_routes(shape):
+    """Each cross pair (s, d) takes one rail that has d, its relay is that rail's member in s's
+    sub-cluster (s itself whenever s shares a rail with d), and the relays of a sub-cluster's
+    sources towards one destination are spread over d's rails."""
+    from ccl_bridge.alltoall import cross_rails, relaying
+    t = build_topology(ids(shape))
+    table = cross_rails(t)
+    relays_used = False
+    for s in range(t.world_size):
+        cs = t.cluster_of[s]
+        for d in range(t.world_size):
+            if t.cluster_of[d] == cs:
+                assert table[s][d] == -1
+                continue
+            rail = t.rails[table[s][d]]
+            assert d in rail.members
+            shares = any(s in r.members and d in r.members for r in t.rails)
+            assert (rail.members[cs] == s) == shares, (s, d, rail)
+            relays_used |= rail.members[cs] != s
+    assert any(relaying(t)) == relays_used
+    if shape == "cuda:2,ascend:2":
+        assert table[0][3] == 1 and table[1][2] == 0 and relaying(t) == (True, True)
+    if shape in ("ascend:3,cuda:1", "cuda:2,ascend:1,kunlun:1"):
+        assert relaying(t) == (False,) * t.k
+    if shape == "cuda:4,ascend:2":  # ranks 0 and 1 reach rank 5 through different relays (2 and 3)
+        assert {t.rails[table[0][5]].members[0], t.rails[table[1][5]].members[0]} == {2, 3}
