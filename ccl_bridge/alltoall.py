@@ -15,16 +15,20 @@ computes the same table):
 
 Per call, on every rank (sub-cluster c of n ranks, W ranks in the group):
 
-    0. intra all_gather of the n split rows (W int64 each): a relay must know how much each
-       sub-cluster mate sends to each of its rail peers (skipped when n = 1)
-    1. intra all_to_all_single (vendor CCL): to mate t, the block for t itself (final) followed by
-       the blocks for the cross destinations t relays, in destination order
-    2. per rail of this rank, one gloo all_to_all_single (async, all rails at once): to rail peer d,
-       the blocks that this rank relays to d, in source order; from d's side the same in reverse
-    3. copy the final blocks into the output (source order, as torch lays out the result)
+    1a. intra all_to_all_single (vendor CCL) of the intra pairs' blocks, sent from the input and
+        received into the output in place when the sub-cluster's ranks are contiguous; issued
+        asynchronously, it overlaps everything below
+    0.  only in a sub-cluster where some rank relays for another (`relaying`: 2+2, 4+2; not 3+1 or
+        2+1+1): intra all_gather of the n split rows (W int64 each), since a relay must know how
+        much each mate hands it, then
+    1b. intra all_to_all_single: to mate t, the blocks t relays for this rank, by destination
+    2.  per rail of this rank, one gloo all_to_all_single (all rails at once): to rail peer d, the
+        blocks this rank relays to d (its own first), by source; received blocks land in the
+        output by source, in place where they are back to back
 
 Cross bytes per rank: its relayed share, never the whole sub-cluster's (except a lone rank, which
-holds the whole sub-cluster); intra bytes: at most the message once more. Exact: data is only
+holds the whole sub-cluster); intra bytes: its intra pairs' blocks plus the blocks it hands to
+relays. Exact: data is only
 copied. Leader-only topologies (too many parts, see `hal.topology`) keep the direct exchange over
 the global gloo group. Host staging (native chips): the relay blocks go device -> pinned host as
 they are packed for the rails, and rail results host -> device into the output, the same staging
@@ -117,15 +121,15 @@ def all_to_all_single(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_spli
     mates = topo.subclusters[c].ranks
     in_off, out_off = _offsets(in_splits), _offsets(out_splits)
     cross = [d for d in range(topo.world_size) if topo.cluster_of[d] != c]
+    # 1a. intra pairs: every mate's own block, straight from the input into the output where the
+    #     sub-cluster's ranks are contiguous (issued, not waited: it overlaps the steps below)
+    intra = _exchange(fx, fx.intra, out, [(inp, in_off[t], in_splits[t]) for t in mates],
+                      [(s, out_off[s], out_splits[s]) for s in mates], [in_splits[t] for t in mates],
+                      [out_splits[s] for s in mates], ("a2a", "intra"), False, inp.device)
     if relaying(topo)[c]:
-        relayed = _intra_with_relay(fx, out, inp, out_splits, in_splits, in_off, out_off, cross)
-        intra = None
-    else:  # every source is its own relay: the intra exchange carries only intra pairs
+        relayed = _relay_exchange(fx, inp, out_splits, in_splits, in_off, cross)
+    else:  # every source is its own relay
         relayed = {(me, d): (inp, in_off[d], in_splits[d]) for d in cross}
-        send_sizes, recv_sizes = [in_splits[t] for t in mates], [out_splits[s] for s in mates]
-        intra = _exchange(fx, fx.intra, out, inp, [(inp, in_off[t], in_splits[t]) for t in mates],
-                          [(s, out_off[s], out_splits[s]) for s in mates], send_sizes, recv_sizes,
-                          ("a2a", "intra"), fx.staged(inp) or fx.staged(out), inp.device)
 
     # 2. along each rail of this rank: relayed blocks to their destinations
     faults.point("all_to_all.rail.cross")
@@ -141,14 +145,12 @@ def all_to_all_single(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_spli
             send_sizes.append(sum(p[2] for p in mine))
             recv_sizes.append(sum(out_splits[s] for s in got))
         fx.count("a2a_rail_elems", sum(send_sizes))
-        handles.append(_exchange(fx, fx.rails[rail.index], out, None, pieces, lands, send_sizes, recv_sizes,
+        handles.append(_exchange(fx, fx.rails[rail.index], out, pieces, lands, send_sizes, recv_sizes,
                                  ("a2a", "rail", rail.index), True, CPU))
-    if intra is not None:
-        handles.insert(0, intra)
-    Handle(handles).wait()
+    Handle([intra] + handles).wait()
 
 
-def _exchange(fx: Fabric, ccl, out: torch.Tensor, inp: Optional[torch.Tensor], pieces: list[Piece],
+def _exchange(fx: Fabric, ccl, out: torch.Tensor, pieces: list[Piece],
               lands: list[tuple[int, int, int]], send_sizes: list[int], recv_sizes: list[int], slot,
               host: bool, dev: torch.device) -> Handle:
     """Issue one all_to_all_single on `ccl`: send `pieces` (in peer order, `send_sizes` per peer),
@@ -180,10 +182,10 @@ def _exchange(fx: Fabric, ccl, out: torch.Tensor, inp: Optional[torch.Tensor], p
     return h if direct else Handle([h], unpack, getattr(h, "stage", ""))
 
 
-def _intra_with_relay(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
-                      in_splits: list[int], in_off: list[int], out_off: list[int],
-                      cross: list[int]) -> dict[tuple[int, int], Piece]:
-    """Steps 0 and 1 where some mates relay for others; returns the blocks this rank relays."""
+def _relay_exchange(fx: Fabric, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                    in_off: list[int], cross: list[int]) -> dict[tuple[int, int], Piece]:
+    """Steps 0 and 1b where some mates relay for others: returns the blocks this rank relays,
+    keyed (source mate, cross destination). Blocks this rank relays itself stay in the input."""
     topo = fx.topo
     table = cross_rails(topo)
     W, me, c = topo.world_size, fx.rank, fx.cluster
@@ -200,36 +202,31 @@ def _intra_with_relay(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_spli
     fx.intra.all_gather_into_tensor(allrows, mine).wait()
     flat = allrows.tolist()
     rows = {s: flat[j * W:(j + 1) * W] for j, s in enumerate(mates)}
-    # 1. to mate t: its own block, then the blocks it relays (destination order). This rank's block
-    #    for itself and the blocks it relays itself stay where they are (no copy through the CCL).
-    out[out_off[me]:out_off[me] + out_splits[me]].copy_(inp[in_off[me]:in_off[me] + in_splits[me]])
+    # 1b. to mate t != me: the blocks t relays for this rank, by destination
     relayed: dict[tuple[int, int], Piece] = {(me, d): (inp, in_off[d], in_splits[d]) for d in cross
                                              if relay(me, d) == me}
     pieces: list[Piece] = []
     send_sizes, recv_sizes, layout = [], [], []
     for t in mates:
-        mine_t = [] if t == me else [(inp, in_off[t], in_splits[t])] + [
-            (inp, in_off[d], in_splits[d]) for d in cross if relay(me, d) == t]
-        pieces += mine_t
-        send_sizes.append(sum(p[2] for p in mine_t))
-        relays_t = [] if t == me else [d for d in cross if relay(t, d) == me]
-        recv_sizes.append(0 if t == me else out_splits[t] + sum(rows[t][d] for d in relays_t))
-        layout.append((t, relays_t))
-    fx.count("a2a_relay_elems", sum(send_sizes) - sum(in_splits[t] for t in mates if t != me))
-    send = fx.scratch.get(("a2a", "relay", "in"), sum(send_sizes), dtype, dev)
-    off = 0
-    for buf, start, length in pieces:
-        send[off:off + length].copy_(buf[start:start + length])
-        off += length
+        to_t = [] if t == me else [(inp, in_off[d], in_splits[d]) for d in cross if relay(me, d) == t]
+        pieces += to_t
+        send_sizes.append(sum(p[2] for p in to_t))
+        from_t = [] if t == me else [d for d in cross if relay(t, d) == me]
+        recv_sizes.append(sum(rows[t][d] for d in from_t))
+        layout.append((t, from_t))
+    fx.count("a2a_relay_elems", sum(send_sizes))
+    send = _run(pieces)
+    if send is None:
+        send = fx.scratch.get(("a2a", "relay", "in"), sum(send_sizes), dtype, dev)
+        off = 0
+        for buf, start, length in pieces:
+            send[off:off + length].copy_(buf[start:start + length])
+            off += length
     recv = fx.scratch.get(("a2a", "relay", "out"), sum(recv_sizes), dtype, dev)
     fx.intra.all_to_all_single(recv, send, recv_sizes, send_sizes).wait()
     off = 0
-    for s, relays_s in layout:
-        if s == me:
-            continue
-        out[out_off[s]:out_off[s] + out_splits[s]].copy_(recv[off:off + out_splits[s]])
-        off += out_splits[s]
-        for d in relays_s:
+    for s, from_s in layout:
+        for d in from_s:
             relayed[(s, d)] = (recv, off, rows[s][d])
             off += rows[s][d]
     return relayed
