@@ -156,6 +156,7 @@ def test_counts_match_reference_formulas():
     assert cfg.activation_bytes(B) == pytest.approx(s * B * h * (34 + 5 * a * s / h))
     assert cfg.activation_bytes(B, tp=4) == pytest.approx(s * B * h * (10 + 24 / 4 + 5 * a * s / (h * 4)))
     assert cfg.activation_bytes(B, recompute="full") == 2 * s * B * h
+    assert cfg.activation_bytes(B, tp=2, attention="fused") == pytest.approx(s * B * h * (10 + 24 / 2))
     # mixed-precision Adam: 16 bytes/param plain DP; ZeRO-2 2 + 14/d; ZeRO-3 16/d
     assert [cfg.state_bytes_per_param(z, 8) for z in (0, 2, 3)] == [16, 2 + 14 / 8, 2]
     with pytest.raises(ModelConfigError, match="zero = 5"):

@@ -131,13 +131,18 @@ class ModelConfig(BaseModel):
 
     # ---- bytes -------------------------------------------------------------------------------------
     def activation_bytes(self, microbatch: int, tp: int = 1, recompute: Literal["none", "full"] = "none",
-                         seq: Optional[int] = None) -> float:
+                         seq: Optional[int] = None,
+                         attention: Literal["materialized", "fused"] = "materialized") -> float:
         """Activation bytes one block keeps for backward over a micro-batch of `microbatch` sequences
-        (16-bit activations; REFERENCE's estimate, see the module docstring)."""
+        (16-bit activations; REFERENCE's estimate, see the module docstring). `attention="fused"`
+        drops the 5as/h term (the a x s x s score and probability tensors), which a fused
+        (flash-style) attention kernel never stores: benchmarks/activation_memory.py measures a
+        block's saved bytes flat in s on such a kernel."""
         s, b, h, a = seq or self.seq, microbatch, self.hidden, self.heads
         if recompute == "full":
             return 2.0 * s * b * h
-        return s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+        scores = 0.0 if attention == "fused" else 5 * a * s / (h * tp)
+        return s * b * h * (10 + 24 / tp + scores)
 
     @staticmethod
     def state_bytes_per_param(zero: int, dp: int) -> float:
