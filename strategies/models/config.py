@@ -15,6 +15,8 @@ Counts (h = hidden, f = ffn, s = seq, a = heads, V = vocab, E = experts, k = top
   al. 2022, 16-bit activations) s b h (10 + 24/t + 5 a s / (h t)) with TP degree t (34 + 5as/h at
   t = 1); with full recompute only the block input is kept, 2 s b h. It was derived for a GeLU MLP
   of width 4h with dropout; here it is an estimate for our SwiGLU blocks, not a measurement.
+  `attention="fused"` drops the 5as/h term a flash-style kernel never stores; measured against a
+  real block in docs/performance.md (benchmarks/activation_memory.py): within about 1.5x.
 - training-state bytes per parameter with mixed-precision Adam (REFERENCE): 16 plain DP; ZeRO-2
   2 + 14/d; ZeRO-3 16/d over a DP group of d.
 """
