@@ -4,8 +4,8 @@ row parallel attention and MLP, sequence-parallel norms (Megatron-SP), never acr
     from strategies.tensor_parallel import apply_tp
     apply_tp(model_or_stage, tp_group, sequence_parallel=True, topology=topo)
 
-The plan follows torchtitan's Llama plan (torchtitan/models/llama3/infra/parallelize.py,
-`apply_tp`, read for torch 2.x), with the module names of strategies.models.GPT (training_contract.md):
+The plan follows torchtitan's Llama plan (pytorch/torchtitan torchtitan/models/llama3/infra/
+parallelize.py, `apply_tp`, read at commit 018740b), with the module names of strategies.models.GPT:
     blocks[i].attn.wq / wk / wv   ColwiseParallel          (heads split: each TP rank owns heads/tp)
     blocks[i].attn.wo             RowwiseParallel          (output Shard(1) with SP, else all-reduced)
     blocks[i].mlp.w1 / w3         ColwiseParallel
@@ -29,6 +29,9 @@ kernels (hal.ops.reference, hal.ops.torch_kernels) are plain torch ops, which DT
 a vendor kernel written as a custom op with no DTensor sharding rule would not be. `apply_tp` probes
 the bound `linear` and `rms_norm` kernels on DTensors of the TP mesh once (no communication) and
 raises TensorParallelError naming op, kernel and chip if one refuses, instead of failing mid-step.
+Sequence parallel needs seq % tp == 0 (as torchtitan asserts: with use_local_output, SequenceParallel's
+from_local infers the global length as local x tp, so uneven shards would mismatch the all-gathers);
+apply_tp checks the model's seq and a pre-hook checks every input, with the numbers in the message.
 """
 from __future__ import annotations
 
@@ -187,19 +190,34 @@ def probe_kernels(mesh: DeviceMesh) -> None:
                 f"rule for the custom op, or a plain-torch kernel at higher priority)") from None
 
 
-def apply_tp(model: nn.Module, tp_group: dist.ProcessGroup, sequence_parallel: bool = True, topology=None,
-             device_type: Optional[str] = None, check_kernels: bool = True) -> DeviceMesh:
+def apply_tp(model: nn.Module, tp_group: Optional[dist.ProcessGroup] = None, sequence_parallel: bool = True,
+             topology=None, device_type: Optional[str] = None, check_kernels: bool = True,
+             mesh: Optional[DeviceMesh] = None) -> DeviceMesh:
     """Shard `model` (a GPT, a pipeline stage of it, or one Block) over `tp_group` in place.
 
     Checks first, with the numbers in TensorParallelError: the group lies in one sub-cluster (one chip
     kind), heads and ffn width divide by the TP degree. Parameters of the sharded modules become
     DTensors on the returned 1-D mesh (attention/MLP linears Shard(0)/Shard(1), norms Replicate when
     sequence_parallel); the forward of the model is unchanged for its caller (full activations in
-    and out). A 1-rank group is a no-op apart from the checks."""
+    and out). A 1-rank group still makes the sharded parameters DTensors (of full size).
+
+    `mesh`: a 1-D DeviceMesh to shard on instead of DeviceMesh.from_group(tp_group), e.g. the "tp"
+    dimension of a 2-D ("dp", "tp") mesh, which FSDP2 on top of TP needs (torch 2.13's fully_shard
+    concatenates the DP and TP meshes, so both must come from one parent); tp_group defaults to its group."""
+    if mesh is not None:
+        if mesh.ndim != 1:
+            raise TensorParallelError(f"apply_tp: mesh has {mesh.ndim} dimensions {mesh.mesh_dim_names}; "
+                                      f"pass its TP dimension, e.g. mesh['tp']")
+        tp_group = mesh.get_group() if tp_group is None else tp_group
+        if mesh.size() != dist.get_world_size(tp_group):
+            raise TensorParallelError(f"apply_tp: mesh of size {mesh.size()} but tp_group of size "
+                                      f"{dist.get_world_size(tp_group)}")
+    if tp_group is None:
+        raise TensorParallelError("apply_tp: give tp_group or mesh")
     check_tp_group(tp_group, topology)
     tp = dist.get_world_size(tp_group)
     _check_divides(model, tp)
-    mesh = tp_mesh(tp_group, device_type)
+    mesh = mesh if mesh is not None else tp_mesh(tp_group, device_type)
     if check_kernels:
         probe_kernels(mesh)
     blocks = _blocks(model)

@@ -128,12 +128,13 @@ def _sum_hook(group):
     return hook
 
 
-def train_ep(ranks: tuple, placement: list, rows: list, capacity_factor) -> dict:
-    """EP (and DP of the dense params) over hetero subgroup `ranks`; this rank feeds `rows[ep_rank]` rows."""
+def train_ep(ranks: tuple, placement: list, rows: list, capacity_factor, dp_role: str = "dp") -> dict:
+    """EP (and DP of the dense params) over hetero subgroup `ranks`; this rank feeds `rows[ep_rank]` rows.
+    `dp_role="ep"` would put DDP on the EP group object itself (see strategies/expert_parallel.py)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from strategies.expert_parallel import apply_ep, ddp_ignore_experts, moe_layers
-    group, dp_group = subgroup(ranks, "ep"), subgroup(ranks, "dp")
+    group, dp_group = subgroup(ranks, "ep"), subgroup(ranks, dp_role)
     if dist.get_rank() not in ranks:
         return {"member": False}
     me = dist.get_rank(group)
