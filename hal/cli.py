@@ -20,6 +20,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("ccl_bridge.cli_bench", "benchmarks: `hal bench comm` prints an nccl-tests style table"),
     "demo": ("hal.cli_demo", "the main job: train on an emulated mixed cluster (the README's run command)"),
     "conformance": ("conformance.cli", "run the conformance suite against a plugin"),
+    "plan": ("strategies.planner.cli_plan", "find the best layout of a model over a mixed cluster (cost model + simulator)"),
+    "simulate": ("strategies.planner.cli_simulate", "predict one training step of a given plan"),
     "testbed": ("testbed.cli", "multi-host test bed (root): hosts as namespaces, one shaped NIC per rank: up|run|exec|status|down"),
 }
 

@@ -1,0 +1,197 @@
+"""The cost model: time and memory of one replica's share of a training step, from the model's
+per-layer counts and a sub-cluster's figures (`facts.ChipFacts`).
+
+Conventions (each a stated assumption, printed in docs/planner.md):
+  - bf16 weights and activations, fp32 gradients reduced across DP (as Megatron-LM does by default),
+    mixed-precision AdamW: 16 bytes/param replicated; ZeRO-2 2 + 14/d; ZeRO-3 16/d (REFERENCE.md).
+  - forward FLOPs of a layer = 2 x its matmul parameters per token + 4 s h per token for attention;
+    backward = 2 x forward; full recompute adds one forward.
+  - activations: ModelConfig.activation_bytes (REFERENCE.md) less its s x s attention-score term
+    (flash-style attention keeps no scores); full recompute keeps 2 s h per layer (the input).
+  - tensor parallel costs 4 all-reduce-equivalents of b s h bf16 per layer per micro-batch (2 forward,
+    2 backward) on the intra-node link, not overlapped with compute.
+  - collectives use the ring / hierarchical formulas of nccl-tests and the bridge (hal.collectives'
+    busbw factors): all_reduce moves 2(n-1)/n of the buffer per rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from .facts import ChipFacts
+
+BF16 = 2
+GRAD_BYTES = 4          # fp32 gradients on the wire (reduce in fp32)
+ADAM_TRAFFIC = 28       # bytes read+written per parameter by a fused AdamW step (p, g, m, v fp32)
+ELEMENTWISE_PASSES = 2  # activation bytes are written once and read once by the memory-bound ops
+BRIDGE_STAGING = 2 * 64 * 2**20   # the bridge's preallocated host/device staging slots per rank
+
+
+class ModelFacts:
+    """A model config's counts as the cost model asks for them, per sample (one sequence).
+
+    Parameters and FLOPs come from `strategies.models.ModelConfig` (one definition). Activations
+    use its estimate less the s x s attention-score term: attention runs flash-style (torch's SDPA
+    on CUDA/NPU does not keep the scores), and sequence parallelism shards the rest by TP."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.name, self.layers, self.hidden, self.heads = cfg.name, cfg.layers, cfg.hidden, cfg.heads
+        self.ffn, self.vocab, self.seq = cfg.ffn, cfg.vocab, cfg.seq
+        self.experts = cfg.experts
+        self.top_k = cfg.top_k if cfg.experts else 0
+        self.layer_params = cfg.layer_params()
+        self.expert_params = 3 * cfg.hidden * cfg.ffn          # one SwiGLU expert (w1, w3, w2)
+        self.embed_params = cfg.embed_params()
+        self.total_params = cfg.num_params()
+        self._layer_fwd = float(cfg.layer_forward_flops(cfg.seq))
+        self._head_fwd = cfg.head_flops(cfg.seq) / 3
+        self._act = {}
+
+    @classmethod
+    def from_config(cls, cfg) -> "ModelFacts":
+        return cls(cfg)
+
+    def layer_fwd_flops(self) -> float:
+        return self._layer_fwd
+
+    def head_fwd_flops(self) -> float:
+        return self._head_fwd
+
+    def step_flops_per_sample(self) -> float:
+        """Model FLOPs of one sample's forward and backward (no recompute): the MFU numerator."""
+        return float(self.cfg.train_flops(self.seq))
+
+    def act_bytes(self, tp: int, recompute: bool) -> float:
+        """Activation bytes one layer keeps for backward per sample."""
+        key = (tp, recompute)
+        if key not in self._act:
+            rc = "full" if recompute else "none"
+            scores = 0.0 if recompute else 5.0 * self.heads * self.seq * self.seq / tp
+            self._act[key] = (self.cfg.activation_bytes(1, tp, rc) - scores) / (1 if recompute else 1)
+        return self._act[key]
+
+    def boundary_bytes(self) -> float:
+        """Bytes of one sample's activation crossing a pipeline boundary (bf16 b s h)."""
+        return BF16 * self.seq * self.hidden
+
+
+@dataclass
+class ReplicaCost:
+    """One replica of one stage: per micro-batch forward/backward seconds and its memory."""
+
+    fwd: float
+    bwd: float
+    tp_comm: float          # inside fwd+bwd, reported separately
+    ep_comm: float          # inside fwd+bwd
+    params_local: float     # parameters this rank holds before sharding
+    memory: float           # peak bytes per rank
+    optimizer: float        # seconds for the optimizer step
+
+
+def allreduce_time(nbytes: float, n: int, bw: float) -> float:
+    return 0.0 if n <= 1 else 2 * (n - 1) / n * nbytes / bw
+
+
+def gather_time(nbytes: float, n: int, bw: float) -> float:
+    """all_gather or reduce_scatter of an n-way sharded buffer of nbytes total."""
+    return 0.0 if n <= 1 else (n - 1) / n * nbytes / bw
+
+
+def group_bw(facts: ChipFacts, members: Sequence[int], rank_node) -> float:
+    """Per-rank bandwidth of a collective among `members` of one sub-cluster: the intra-node link
+    when they share a node, the rank's NIC (its rail) otherwise."""
+    nodes = {rank_node(r) for r in members}
+    return facts.intra_bw if len(nodes) == 1 else facts.nic_bw
+
+
+def dp_reduce_time(nbytes: float, parts: Sequence[tuple[ChipFacts, int, float]]) -> float:
+    """Gradient all-reduce of nbytes over a DP group made of `parts` = (facts, members in that
+    sub-cluster, their per-rank bandwidth). One part: a ring. Several: the bridge's rail algorithm
+    (intra reduce-scatter, device->host, rail all-reduce across the k parts, host->device, intra
+    all-gather); the smallest part carries the largest share per rank."""
+    if len(parts) == 1:
+        f, n, bw = parts[0]
+        return allreduce_time(nbytes, n, bw)
+    k = len(parts)
+    intra = max(2 * gather_time(nbytes, n, bw) for _, n, bw in parts)
+    share = max(nbytes / n for _, n, _ in parts)
+    copies = max(2 * share / f.host_copy_bw for f, _, _ in parts)
+    rail_bw = min(f.nic_bw for f, _, _ in parts)
+    cross = 2 * (k - 1) / k * share / rail_bw
+    return intra + copies + cross
+
+
+def p2p_time(nbytes: float, src: ChipFacts, dst: ChipFacts, same_node: bool) -> float:
+    """Pipeline send of nbytes; across chips the bridge stages through host memory on both sides."""
+    if src is dst or src.name == dst.name:
+        return nbytes / (src.intra_bw if same_node else src.nic_bw)
+    return nbytes / src.host_copy_bw + nbytes / min(src.nic_bw, dst.nic_bw) + nbytes / dst.host_copy_bw
+
+
+_CACHE: dict = {}
+
+
+def replica_cost(m: ModelFacts, *args, **kwargs) -> "ReplicaCost":
+    """`_replica_cost`, memoised: a search asks for the same (model, chip, shape) many times. The
+    returned object is shared; callers copy it before changing it."""
+    key = (id(m), id(args[0])) + tuple(args[1:]) + tuple(sorted(kwargs.items()))
+    hit = _CACHE.get(key)
+    if hit is None:
+        if len(_CACHE) > 200_000:
+            _CACHE.clear()
+        hit = _CACHE[key] = (m, args[0], _replica_cost(m, *args, **kwargs))   # keep m, f alive: ids stay unique
+    return hit[2]
+
+
+def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bool, last: bool, mb: int,
+                 recompute: bool, zero: int, dp: int, in_flight: int, tp_bw: Optional[float] = None,
+                 ep: Optional[tuple[int, float]] = None, experts_local: Optional[int] = None,
+                 group_mb: Optional[int] = None) -> ReplicaCost:
+    """Cost of a replica (TP group of `tp` ranks of chip `f`) running `n_layers` layers for a
+    micro-batch of `mb` samples. `dp` is the size of its DP group (for ZeRO sharding), `in_flight`
+    the micro-batches whose activations it holds at the peak (1F1B: min(m, p - stage)). MoE: `ep` =
+    (EP group size, per-rank all_to_all bandwidth); the replica hosts `experts_local` of the
+    model's experts and, with a balanced router, computes that share of the whole EP group's
+    routed tokens (`group_mb` samples per micro-batch), whatever its own micro-batch."""
+    tp_bw = tp_bw if tp_bw is not None else f.intra_bw
+    if m.experts:
+        share = (experts_local if experts_local is not None else m.experts) / m.experts
+        routed = (group_mb if group_mb is not None else mb) * share
+        per_sample_dense = m.layer_fwd_flops() - m.seq * 2 * m.expert_params * m.top_k   # attention + router
+        fl = n_layers * (per_sample_dense * mb + m.seq * 2 * m.expert_params * m.top_k * routed)
+    else:
+        fl = n_layers * m.layer_fwd_flops() * mb
+    fl += m.head_fwd_flops() * mb if last else 0.0
+    compute_fwd = fl / (f.flops * tp)
+    act = m.act_bytes(tp, False) * mb * n_layers
+    elementwise = ELEMENTWISE_PASSES * act / f.memory_bw
+    tp_comm = 0.0
+    if tp > 1:
+        tp_comm = n_layers * 4 * allreduce_time(BF16 * m.seq * m.hidden * mb, tp, tp_bw)
+    ep_comm = 0.0
+    if m.experts and ep is not None and ep[0] > 1:
+        e, bw = ep
+        tokens = m.seq * mb
+        # dispatch + combine forward and the same backward: 4 all_to_all of tokens x top_k x h bf16
+        ep_comm = n_layers * 4 * (e - 1) / e * tokens * m.top_k * m.hidden * BF16 / tp / bw
+    fwd = compute_fwd + elementwise + (tp_comm + ep_comm) / 2
+    bwd = 2 * compute_fwd + 2 * elementwise + (tp_comm + ep_comm) / 2
+    if recompute:
+        bwd += compute_fwd + elementwise + (tp_comm + ep_comm) / 2
+    # memory
+    layer_p = m.layer_params
+    if m.experts and experts_local is not None:
+        layer_p = layer_p - m.expert_params * m.experts + m.expert_params * experts_local
+    params = n_layers * layer_p / tp + ((m.embed_params / tp) if first else 0) + ((m.embed_params / tp) if last else 0)
+    per_param = {0: 16.0, 1: 4 + 12 / dp, 2: 2 + 14 / dp, 3: 16 / dp}[zero]
+    state = params * per_param
+    act_keep = m.act_bytes(tp, recompute) * mb * n_layers * in_flight
+    act_work = m.act_bytes(tp, False) * mb * (1 if recompute else 0)   # one layer recomputed at a time
+    logits = (4 * m.seq * m.vocab * mb / tp) if last else 0.0
+    zero3_gather = (BF16 * layer_p / tp * 2) if zero == 3 else 0.0       # two layers gathered ahead
+    memory = state + act_keep + act_work + logits + zero3_gather + BRIDGE_STAGING
+    shard = dp if zero >= 1 else 1
+    optimizer = params / shard * ADAM_TRAFFIC / f.memory_bw
+    return ReplicaCost(fwd=fwd, bwd=bwd, tp_comm=tp_comm, ep_comm=ep_comm, params_local=params,
+                       memory=memory, optimizer=optimizer)

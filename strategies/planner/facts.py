@@ -1,0 +1,205 @@
+"""The figures the planner reasons with, per sub-cluster, each with where it came from.
+
+Order of preference for every figure: a measured efficiency matrix (`hal conformance --level perf
+--efficiency FILE`, passed as `--matrix DIR`), then the chip's catalog profile, then a stated
+default. Link figures come from `hal.topology` (spec, else catalog, else its stated default: one
+definition), scaled by LINK_EFFICIENCY. Nothing is silent: `ChipFacts.sources` names the
+origin of each number and `hal plan` prints them.
+
+Defaults are assumptions, not facts, and say so in their source string:
+  - achieved dense bf16 matmul throughput = DEFAULT_MFU x catalog peak. 0.45 is in the range
+    large dense transformer runs report for model FLOPs utilisation (Megatron-LM, torchtitan:
+    0.4-0.55 on H100/A100); a measured matrix replaces it.
+  - figures the catalog lists as unknown (for example every Kunlun P800 peak) get the values in
+    ASSUMED below, each with the reason it was chosen.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+DEFAULT_MFU = 0.45
+# Link efficiency: the fraction of a link's rate a large collective achieves (nccl-tests busbw on
+# NVLink/IB is typically 80-90% of the line rate). Applied to spec and catalog rates, never to
+# measured busbw (that is already achieved).
+LINK_EFFICIENCY = 0.85
+
+# chip model -> figure -> (value, why). Used only where the catalog says unknown.
+ASSUMED: dict[str, dict[str, tuple[float, str]]] = {
+    "P800": {
+        "peak_bf16": (345e12, "assumed: the '345 TFLOPS FP16' figure of industry analyses "
+                              "(the catalog notes it has no vendor datasheet)"),
+        "memory_bw": (2.0e12, "assumed: HBM-class module, about 910B2's"),
+    },
+    "910B2": {
+        "memory_bw": (1.6e12, "assumed: HBM2e, 1.6 TB/s class (no figure in the catalog)"),
+    },
+}
+DEFAULT_MEMORY_BW = (1.5e12, "default: 1.5 TB/s")
+DEFAULT_MEMORY = (64e9, "default: 64 GB")
+# Host staging for the bridge's cross-chip path: device<->host copies per rank (PCIe Gen4/5 x16,
+# about 25 GB/s achieved each way).
+DEFAULT_HOST_COPY_BW = (25e9, "default: PCIe x16 device<->host 25 GB/s")
+
+
+@dataclass(frozen=True)
+class ChipFacts:
+    """One sub-cluster's figures (per device) as the planner uses them."""
+
+    name: str                 # sub-cluster name
+    chip: str                 # chip name (cuda, ascend, kunlun, cpu)
+    model: str                # chip model, e.g. H100
+    ranks: tuple[int, ...]    # global ranks, in order
+    ranks_per_node: int
+    flops: float              # achieved dense matmul FLOP/s (bf16) per device
+    peak: float               # peak dense FLOP/s (bf16) per device: the MFU denominator
+    memory: float             # bytes per device
+    memory_bw: float          # bytes/s
+    intra_bw: float           # achieved bytes/s per device inside a node (TP, intra CCL)
+    nic_bw: float             # achieved bytes/s per rank across nodes (rails, DP across nodes)
+    host_copy_bw: float       # bytes/s device<->host (bridge staging)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """(figure, value, source) rows for the report."""
+        def g(x: float, unit: str) -> str:
+            for div, p in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
+                if x >= div:
+                    return f"{x / div:.3g} {p}{unit}"
+            return f"{x:.3g} {unit}"
+        return [("achieved bf16 FLOP/s", g(self.flops, "FLOP/s"), self.sources["flops"]),
+                ("memory", g(self.memory, "B"), self.sources["memory"]),
+                ("memory bandwidth", g(self.memory_bw, "B/s"), self.sources["memory_bw"]),
+                ("intra-node link", g(self.intra_bw, "B/s"), self.sources["intra_bw"]),
+                ("NIC per rank", g(self.nic_bw, "B/s"), self.sources["nic_bw"]),
+                ("device<->host copy", g(self.host_copy_bw, "B/s"), self.sources["host_copy_bw"])]
+
+
+def _catalog_profile(chip: str, model: Optional[str]):
+    from hal import catalog
+    try:
+        return catalog.get(chip, model) if model else catalog.default(chip)
+    except Exception:  # an unknown chip (cpu, a vendor's own) has no catalog entry
+        return None
+
+
+def load_matrices(directory: Optional[str | Path]) -> dict[str, dict]:
+    """Efficiency matrices in `directory` (`*.json` written by the perf level), keyed by chip name
+    and by profile model. Read as plain JSON with the schema's major version checked, so the
+    planner does not import the conformance suite."""
+    if directory is None:
+        return {}
+    d = Path(directory)
+    if not d.is_dir():
+        raise FileNotFoundError(f"--matrix {d}: not a directory of efficiency matrices")
+    out: dict[str, dict] = {}
+    for f in sorted(d.glob("*.json")):
+        data = json.loads(f.read_text())
+        if str(data.get("schema_version", "")).split(".")[0] != "1":
+            raise ValueError(f"{f}: efficiency matrix schema {data.get('schema_version')!r}; the planner reads 1.x")
+        data["_file"] = str(f)
+        out[data["chip"]] = data
+        out[data.get("profile_model", "")] = data
+    return out
+
+
+def _matrix_busbw(matrix: dict):
+    pts: dict[str, list[tuple[int, float]]] = {}
+    for c in matrix.get("collectives", []):
+        pts.setdefault(c["collective"], []).append((c["bytes"], c["busbw"]))
+    for v in pts.values():
+        v.sort()
+
+    def busbw(collective: str, nbytes: int) -> Optional[float]:
+        import math
+        p = pts.get(collective)
+        if not p:
+            return None
+        if nbytes <= p[0][0]:
+            return p[0][1]
+        if nbytes >= p[-1][0]:
+            return p[-1][1]
+        for (b0, v0), (b1, v1) in zip(p, p[1:]):
+            if b0 <= nbytes <= b1:
+                w = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
+                return v0 + w * (v1 - v0)
+        return p[-1][1]
+    return busbw
+
+
+def chip_facts(sc, matrices: Optional[dict[str, dict]] = None, dtype: str = "bfloat16") -> ChipFacts:
+    """Figures for one sub-cluster (`hal.topology.SubClusterTopo`)."""
+    name, chip, model = sc.name, sc.chip, sc.model
+    prof = _catalog_profile(chip, model)
+    model_key = model or (prof.model if prof else chip)
+    assumed = {}
+    for key, table in ASSUMED.items():
+        if (model and key.lower() == str(model).lower()) or (prof is not None and key in prof.model):
+            assumed = table
+    src: dict[str, str] = {}
+    m = (matrices or {}).get(model_key) or (matrices or {}).get(chip)
+
+    # compute
+    flops = None
+    peak = prof.peak(dtype) if prof else None
+    if not peak and "peak_bf16" in assumed:
+        peak = assumed["peak_bf16"][0]
+    if m:
+        best = [f["flops_per_s"] for f in m.get("matmul", []) if f["dtype"] == dtype]
+        if best:
+            flops = max(best)
+            src["flops"] = f"measured: {m['_file']} (best {dtype} matmul" + (", EMULATED host" if m.get("emulated") else "") + ")"
+    if flops is None:
+        if prof is not None and prof.peak(dtype):
+            flops = DEFAULT_MFU * peak
+            src["flops"] = f"default: {DEFAULT_MFU} x catalog {prof.model} {dtype} peak {peak / 1e12:.0f} TFLOP/s"
+        elif "peak_bf16" in assumed:
+            v, why = assumed["peak_bf16"]
+            flops = DEFAULT_MFU * v
+            src["flops"] = f"default: {DEFAULT_MFU} x {v / 1e12:.0f} TFLOP/s ({why})"
+        else:
+            raise ValueError(f"sub-cluster {name!r}: chip {chip} model {model_key!r} has no {dtype} peak in the "
+                             f"catalog and no measured efficiency matrix; pass --matrix DIR with one")
+
+    def pick(fieldname: str, catalog_attr: str, default: tuple[float, str]) -> float:
+        fig = getattr(prof, catalog_attr) if prof is not None else None
+        if fig is not None and fig.value is not None:
+            src[fieldname] = f"catalog {prof.model}"
+            return fig.value
+        if fieldname in assumed:
+            v, why = assumed[fieldname]
+            src[fieldname] = why
+            return v
+        v, why = default
+        src[fieldname] = why
+        return v
+
+    def link(lk) -> float:
+        return lk.bytes_per_s * LINK_EFFICIENCY
+
+    memory = pick("memory", "memory_bytes", DEFAULT_MEMORY)
+    mem_bw = None
+    if m and m.get("memory_bandwidth"):
+        mem_bw = max(f["bytes_per_s"] for f in m["memory_bandwidth"])
+        src["memory_bw"] = f"measured: {m['_file']}"
+    if mem_bw is None:
+        mem_bw = pick("memory_bw", "memory_bandwidth", DEFAULT_MEMORY_BW)
+    intra = link(sc.intra_bandwidth)
+    nic = link(sc.nic_bandwidth)
+    src["intra_bw"] = f"topology: {sc.intra_bandwidth.source} x {LINK_EFFICIENCY} link efficiency"
+    src["nic_bw"] = f"topology: {sc.nic_bandwidth.source} x {LINK_EFFICIENCY} link efficiency"
+    measured_bus = _matrix_busbw(m)("all_reduce", 64 * 2**20) if m else None
+    if measured_bus:
+        intra = measured_bus
+        src["intra_bw"] = f"measured: {m['_file']} (all_reduce busbw at 64 MiB, {m.get('ccl', '?')})"
+    src["host_copy_bw"] = DEFAULT_HOST_COPY_BW[1]
+    return ChipFacts(name=name, chip=chip, model=str(model_key), ranks=tuple(sc.ranks),
+                     ranks_per_node=len(sc.nodes[0]) if sc.nodes else len(sc.ranks),
+                     flops=flops, peak=peak or flops, memory=memory, memory_bw=mem_bw, intra_bw=intra, nic_bw=nic,
+                     host_copy_bw=DEFAULT_HOST_COPY_BW[0], sources=src)

@@ -1,0 +1,114 @@
+"""What `hal plan` and `hal simulate` print: the figures and their sources, the plan as a table,
+the predicted step, and the efficiency against the ideal and the even layout; and the JSON form."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Optional, Sequence
+
+from .facts import ChipFacts
+from .simulate import Layout, SimResult
+
+
+def ranges(ranks: Sequence[int]) -> str:
+    """[0, 1, 2, 5, 6] -> '0-2,5-6'."""
+    out, start, prev = [], None, None
+    for r in sorted(ranks):
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            out.append(f"{start}-{prev}" if prev > start else f"{start}")
+            start = prev = r
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+    return ",".join(out)
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def facts_table(facts: Sequence[ChipFacts]) -> str:
+    rows = [["sub-cluster", "figure", "value", "source"]]
+    for f in facts:
+        for i, (name, value, src) in enumerate(f.describe()):
+            rows.append([f"{f.name} ({f.size} x {f.model})" if i == 0 else "", name, value, src])
+    return _table(rows)
+
+
+def plan_table(layout: Layout) -> str:
+    rows = [["stage", "layers", "chip(s)", "ranks", "tp", "dp", "rows per replica (by chip)", "recompute", "experts"]]
+    for s, st in enumerate(layout.stages):
+        chips = list(dict.fromkeys(r.facts.name for r in st.reps))
+        per_chip = defaultdict(list)
+        exp = defaultdict(list)
+        for r in st.reps:
+            per_chip[r.facts.name].append(r.mb)
+            if r.experts is not None:
+                exp[r.facts.name].append(r.experts)
+
+        def span(v: list[int]) -> str:
+            return str(v[0]) if min(v) == max(v) else f"{min(v)}-{max(v)}"
+        rows.append([str(s), f"[{st.layers[0]}, {st.layers[1]})", "+".join(chips),
+                     ranges([x for r in st.reps for x in r.ranks]), str(len(st.reps[0].ranks)), str(len(st.reps)),
+                     ", ".join(f"{c}: {span(v)}" for c, v in per_chip.items()),
+                     "full" if st.recompute else "none",
+                     ", ".join(f"{c}: {span(v)}" for c, v in exp.items()) or "-"])
+    return _table(rows)
+
+
+def step_table(sim: SimResult) -> str:
+    by = defaultdict(list)
+    for r in sim.ranks:
+        by[r.sub_cluster].append(r)
+    rows = [["sub-cluster", "ranks", "MFU", "busy", "comm", "bubble", "idle", "peak memory / capacity"]]
+    for name, rs in by.items():
+        n = len(rs)
+        t = sim.step_time_s
+        mem = max(r.memory_bytes for r in rs)
+        cap = rs[0].capacity_bytes
+        rows.append([name, str(n), f"{sim.mfu.get(name, 0):.1%}", f"{sum(r.busy_s for r in rs) / n / t:.1%}",
+                     f"{sum(r.comm_s for r in rs) / n / t:.1%}", f"{sum(r.bubble_s for r in rs) / n / t:.1%}",
+                     f"{sum(r.idle_s for r in rs) / n / t:.1%}",
+                     f"{mem / 1e9:.1f} / {cap / 1e9:.0f} GB ({mem / cap:.0%})"])
+    return _table(rows)
+
+
+def summary(result, model_name: str, batch: int, seq: int) -> dict:
+    """The JSON of `hal plan --json` (a `search.SearchResult`)."""
+    best, even = result.best, result.even
+    return {
+        "model": model_name, "global_batch": batch, "tokens_per_step": batch * seq,
+        "step_time_s": best.sim.step_time_s, "tokens_per_s": best.sim.tokens_per_s,
+        "efficiency": result.efficiency, "even_efficiency": result.even_efficiency,
+        "ideal_tokens_per_s": result.ideal_tokens_per_s,
+        "even_tokens_per_s": even.sim.tokens_per_s if even else None,
+        "even_step_time_s": even.sim.step_time_s if even else None,
+        "even_layout": even.describe if even else None,
+        "parts": {k: {"tokens_per_s": c.sim.tokens_per_s, "layout": c.describe} for k, c in result.parts.items()},
+        "layout": best.describe, "family": best.family,
+        "mfu": best.sim.mfu, "bubble_share": best.sim.bubble_share, "comm_share": best.sim.comm_share,
+        "peak_memory_bytes": {r.sub_cluster: max(x.memory_bytes for x in best.sim.ranks if x.sub_cluster == r.sub_cluster)
+                              for r in best.sim.ranks},
+        "search_s": result.search_s, "candidates": result.evaluated,
+        "notes": best.sim.notes,
+    }
+
+
+def efficiency_lines(result) -> str:
+    ideal = result.ideal_tokens_per_s
+    lines = [f"{'':12} {'tokens/s':>12} {'step (s)':>9} {'of ideal':>9}",
+             f"{'this plan':12} {result.best.sim.tokens_per_s:12.0f} {result.best.sim.step_time_s:9.3f} {result.efficiency:9.1%}"]
+    if result.even is not None:
+        lines.append(f"{'Plan.even':12} {result.even.sim.tokens_per_s:12.0f} {result.even.sim.step_time_s:9.3f} "
+                     f"{result.even_efficiency:9.1%}   ({result.even.describe})")
+    else:
+        lines.append(f"{'Plan.even':12} {'-':>12} {'-':>9} {'-':>9}   (no even layout fits memory)")
+    lines.append(f"{'ideal':12} {ideal:12.0f} {'':9} {1:9.1%}   (sum of each sub-cluster alone on its batch share:)")
+    for k, c in result.parts.items():
+        lines.append(f"{'':14}{k}: {c.sim.tokens_per_s:.0f} tokens/s with {c.describe}")
+    return "\n".join(lines)

@@ -1,0 +1,320 @@
+"""Event-driven simulation of one training step of a layout (a Plan with each replica's figures).
+
+Each replica (a TP group) is one resource executing its pipeline schedule's operations in order
+(1F1B: warm-up forwards, then one forward one backward, then cool-down backwards; GPipe: all
+forwards then all backwards). An operation starts when its replica is free and its inputs have
+arrived: a forward needs the rows of the micro-batch it owns from every replica of the previous
+stage that owns some of them (re-slicing between stages of different DP degree), a backward needs
+the gradients of those rows from the next stage. A replica's sends leave one after another on its
+NICs (link sharing). After its last backward a replica's DP gradient reduction runs, overlapping
+that backward except for the last bucket, then the optimizer step. Start times are a longest path
+through this graph, computed in one topological pass.
+
+Interleaved and zero-bubble schedules are simulated as 1F1B (a conservative bound: they only
+shrink the bubble); the report says so.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from .cost import GRAD_BYTES, ModelFacts, ReplicaCost, dp_reduce_time, gather_time, p2p_time, replica_cost
+from .facts import ChipFacts
+
+
+@dataclass
+class RepSpec:
+    facts: ChipFacts
+    ranks: tuple[int, ...]
+    mb: int
+    experts: Optional[int] = None     # experts hosted (MoE)
+
+
+@dataclass
+class StageSpec:
+    layers: tuple[int, int]
+    reps: list[RepSpec]
+    recompute: bool = False
+
+    @property
+    def n_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+    @property
+    def microbatch(self) -> int:
+        return sum(r.mb for r in self.reps)
+
+
+@dataclass
+class Layout:
+    """What the simulator needs of a plan: stages, replicas with their chip figures, micro-batches."""
+
+    stages: list[StageSpec]
+    m: int                       # micro-batches per step
+    zero: int = 0
+    schedule: str = "1F1B"
+    node_of: Optional[dict[int, int]] = None   # rank -> node (None: every TP group on one node)
+
+    @property
+    def global_batch(self) -> int:
+        return self.stages[0].microbatch * self.m
+
+
+@dataclass
+class RankStats:
+    rank: int
+    chip: str
+    sub_cluster: str
+    stage: int
+    busy_s: float
+    comm_s: float
+    bubble_s: float
+    idle_s: float
+    memory_bytes: float
+    capacity_bytes: float
+    flops: float                 # model FLOPs this rank performed in the step
+
+
+@dataclass
+class SimResult:
+    step_time_s: float
+    tokens_per_s: float
+    ranks: list[RankStats]
+    mfu: dict[str, float]                  # per chip kind (sub-cluster name)
+    bubble_share: float
+    comm_share: float
+    fits: bool
+    notes: list[str] = field(default_factory=list)
+    trace: list[dict] = field(default_factory=list)
+
+    def write_trace(self, path: str | Path) -> None:
+        """Chrome trace / Perfetto JSON (open in chrome://tracing or ui.perfetto.dev)."""
+        Path(path).write_text(json.dumps({"traceEvents": self.trace, "displayTimeUnit": "ms"}))
+
+
+def _schedule(kind: str, p: int, s: int, m: int) -> list[tuple[str, int]]:
+    if kind == "GPipe":
+        return [("F", j) for j in range(m)] + [("B", j) for j in range(m)]
+    warm = min(p - s - 1, m)
+    ops = [("F", j) for j in range(warm)]
+    f, b = warm, 0
+    while b < m:
+        if f < m:
+            ops.append(("F", f))
+            f += 1
+        ops.append(("B", b))
+        b += 1
+    return ops
+
+
+def _ranges(stage: StageSpec) -> list[tuple[int, int]]:
+    out, o = [], 0
+    for r in stage.reps:
+        out.append((o, o + r.mb))
+        o += r.mb
+    return out
+
+
+def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResult:
+    stages, m, p = layout.stages, layout.m, len(layout.stages)
+    node_of = layout.node_of or {}
+    notes = []
+    if layout.schedule not in ("1F1B", "GPipe"):
+        notes.append(f"schedule {layout.schedule} simulated as 1F1B (an upper bound on its bubble)")
+    sched_kind = "GPipe" if layout.schedule == "GPipe" else "1F1B"
+
+    def same_node(a: RepSpec, b: RepSpec) -> bool:
+        return bool(node_of) and node_of.get(a.ranks[0], -1) == node_of.get(b.ranks[0], -2)
+
+    # ---- per replica costs
+    costs: list[list[ReplicaCost]] = []
+    for s, st in enumerate(stages):
+        row, memo = [], {}
+        dp = len(st.reps)
+        nic = min(x.facts.nic_bw for x in st.reps)
+        for r in st.reps:
+            tp = len(r.ranks)
+            key = (r.facts.name, tp, r.mb, r.experts)
+            if key not in memo:   # replicas of one kind and share cost the same: compute once
+                in_flight = m if sched_kind == "GPipe" else min(m, p - s)
+                ep = (dp, nic * tp) if model.experts and dp > 1 else None
+                memo[key] = copy.copy(replica_cost(model, r.facts, tp, st.n_layers, s == 0, s == p - 1, r.mb, st.recompute,
+                                         layout.zero, dp, in_flight, ep=ep, experts_local=r.experts,
+                                         group_mb=st.microbatch))
+            row.append(memo[key])
+        costs.append(row)
+    # ZeRO-3 re-gathers each stage's parameters for every micro-batch's forward and backward;
+    # prefetch overlaps it with compute, so an op takes the longer of the two.
+    if layout.zero == 3:
+        for s, st in enumerate(stages):
+            dp = len(st.reps)
+            for c in {id(c): c for c in costs[s]}.values():
+                g = gather_time(2 * c.params_local, dp, min(r.facts.nic_bw for r in st.reps))
+                c.fwd, c.bwd = max(c.fwd, g), max(c.bwd, g)
+
+    # ---- row overlaps between consecutive stages: (r, r2, rows)
+    ranges = [_ranges(st) for st in stages]
+    links: list[list[tuple[int, int, int]]] = []
+    for s in range(p - 1):
+        lst = []
+        for i, (a0, a1) in enumerate(ranges[s]):
+            for k, (b0, b1) in enumerate(ranges[s + 1]):
+                rows = min(a1, b1) - max(a0, b0)
+                if rows > 0:
+                    lst.append((i, k, rows))
+        links.append(lst)
+    sends_fwd = [defaultdict(list) for _ in range(p)]   # stage s, rep i -> [(k, rows)] to stage s+1
+    sends_bwd = [defaultdict(list) for _ in range(p)]   # stage s+1, rep k -> [(i, rows)] to stage s
+    for s in range(p - 1):
+        for i, k, rows in links[s]:
+            sends_fwd[s][i].append((k, rows))
+            sends_bwd[s + 1][k].append((i, rows))
+
+    # ---- longest path through (replica order + data dependencies)
+    ready = {}   # (kind, s, r, j) -> arrival time at the consumer, keyed by consumer op
+    done = {}    # (kind, s, r, j) -> end time
+    start_of = {}
+    arrivals: dict[tuple, float] = defaultdict(float)
+    need: dict[tuple, int] = defaultdict(int)
+    for s in range(p - 1):
+        for i, k, rows in links[s]:
+            for j in range(m):
+                need[("F", s + 1, k, j)] += 1
+                need[("B", s, i, j)] += 1
+    queues = [[_schedule(sched_kind, p, s, m) for _ in st.reps] for s, st in enumerate(stages)]
+    pos = [[0] * len(st.reps) for st in stages]
+    free = [[0.0] * len(st.reps) for st in stages]
+    got: dict[tuple, int] = defaultdict(int)
+    events = []
+    total_ops = sum(len(q) for row in queues for q in row)
+    finished = 0
+    # worklist of replicas that may be able to run their next op
+    work = [(s, r) for s in range(p) for r in range(len(stages[s].reps))]
+    while work:
+        nxt = []
+        progressed = False
+        for s, r in work:
+            while pos[s][r] < len(queues[s][r]):
+                kind, j = queues[s][r][pos[s][r]]
+                key = (kind, s, r, j)
+                if got[key] < need[key] or (kind == "B" and ("F", s, r, j) not in done):
+                    break
+                c = costs[s][r]
+                t0 = max(free[s][r], arrivals[key])
+                t1 = t0 + (c.fwd if kind == "F" else c.bwd)
+                done[key], start_of[key] = t1, t0
+                free[s][r] = t1
+                pos[s][r] += 1
+                finished += 1
+                progressed = True
+                if trace:
+                    rep = stages[s].reps[r]
+                    events.append({"name": f"{kind}{j}", "ph": "X", "ts": t0 * 1e6, "dur": (t1 - t0) * 1e6,
+                                   "pid": s, "tid": r, "args": {"ranks": list(rep.ranks), "chip": rep.facts.name,
+                                                                "microbatch_rows": rep.mb}})
+                # sends, one after another on this replica's links
+                rep = stages[s].reps[r]
+                tp = len(rep.ranks)
+                t_send = t1
+                if kind == "F" and s < p - 1:
+                    for k, rows in sends_fwd[s][r]:
+                        dst = stages[s + 1].reps[k]
+                        t_send += p2p_time(rows * model.boundary_bytes() / tp, rep.facts, dst.facts, same_node(rep, dst))
+                        dkey = ("F", s + 1, k, j)
+                        arrivals[dkey] = max(arrivals[dkey], t_send)
+                        got[dkey] += 1
+                        nxt.append((s + 1, k))
+                if kind == "B" and s > 0:
+                    for i, rows in sends_bwd[s][r]:
+                        dst = stages[s - 1].reps[i]
+                        t_send += p2p_time(rows * model.boundary_bytes() / tp, rep.facts, dst.facts, same_node(rep, dst))
+                        dkey = ("B", s - 1, i, j)
+                        arrivals[dkey] = max(arrivals[dkey], t_send)
+                        got[dkey] += 1
+                        nxt.append((s - 1, i))
+        work = list(dict.fromkeys(nxt))
+        if not progressed and finished < total_ops and not work:
+            break
+    if finished < total_ops:
+        raise RuntimeError(f"simulation deadlocked after {finished} of {total_ops} operations "
+                           "(a schedule whose dependencies cannot be met)")
+
+    # ---- DP gradient reduction (overlapping the last backward but its last bucket) + optimizer
+    ranks: list[RankStats] = []
+    step_end = 0.0
+    per_rep_end = []
+    for s, st in enumerate(stages):
+        dp = len(st.reps)
+        last_b_start = max(start_of[("B", s, r, m - 1)] for r in range(dp))
+        last_b_end = max(done[("B", s, r, m - 1)] for r in range(dp))
+        t_red = 0.0
+        if dp > 1:
+            params = costs[s][0].params_local
+            if model.experts:   # expert weights live once in the EP group: not DP-reduced
+                params -= st.n_layers * model.expert_params * (st.reps[0].experts or 0) / len(st.reps[0].ranks)
+            parts: dict[str, list] = {}
+            for r in st.reps:
+                parts.setdefault(r.facts.name, [r.facts, 0, None])[1] += 1
+            plist = []
+            for f, n, _ in parts.values():
+                members = [x.ranks[0] for x in st.reps if x.facts.name == f.name]
+                one_node = bool(node_of) and len({node_of.get(x) for x in members}) == 1
+                plist.append((f, n, f.intra_bw if one_node else f.nic_bw))
+            t_red = dp_reduce_time(max(params, 0) * GRAD_BYTES, plist)
+        tail = t_red / max(st.n_layers, 1)
+        red_end = max(last_b_start + t_red, last_b_end + tail) if dp > 1 else last_b_end
+        row = []
+        for r, rep in enumerate(st.reps):
+            end = red_end + costs[s][r].optimizer
+            row.append((end, red_end - done[("B", s, r, m - 1)]))
+            step_end = max(step_end, end)
+        per_rep_end.append(row)
+        if trace and dp > 1:
+            for r in range(dp):
+                events.append({"name": "dp_reduce", "ph": "X", "ts": max(last_b_start, 0) * 1e6,
+                               "dur": (red_end - last_b_start) * 1e6, "pid": s, "tid": r, "cat": "comm"})
+
+    tokens = layout.global_batch * model.seq
+    flops_total = 0.0
+    mfu_num: dict[str, float] = defaultdict(float)
+    mfu_den: dict[str, float] = defaultdict(float)
+    busy_all = comm_all = bubble_all = 0.0
+    fits = True
+    for s, st in enumerate(stages):
+        for r, rep in enumerate(st.reps):
+            c = costs[s][r]
+            tp = len(rep.ranks)
+            busy = m * (c.fwd + c.bwd)
+            inner_comm = m * (c.tp_comm + c.ep_comm)
+            end, exposed = per_rep_end[s][r]
+            first_start = start_of[("F", s, r, 0)]
+            last_end = done[("B", s, r, m - 1)]
+            bubble = max(0.0, (last_end - first_start) - busy) + first_start
+            idle = max(0.0, step_end - end)
+            fl_model = (model.layer_fwd_flops() * st.n_layers + (model.head_fwd_flops() if s == p - 1 else 0)) * 3
+            fl_rank = fl_model * rep.mb * m / tp
+            for rank in rep.ranks:
+                ranks.append(RankStats(rank=rank, chip=rep.facts.chip, sub_cluster=rep.facts.name, stage=s,
+                                       busy_s=busy - inner_comm, comm_s=inner_comm + exposed,
+                                       bubble_s=bubble, idle_s=idle, memory_bytes=c.memory,
+                                       capacity_bytes=rep.facts.memory, flops=fl_rank))
+                mfu_num[rep.facts.name] += fl_rank
+                mfu_den[rep.facts.name] += step_end * rep.facts.peak
+                flops_total += fl_rank
+                busy_all += busy - inner_comm
+                comm_all += inner_comm + exposed
+                bubble_all += bubble
+                if c.memory > rep.facts.memory:
+                    fits = False
+    n = max(len(ranks), 1)
+    res = SimResult(step_time_s=step_end, tokens_per_s=tokens / step_end if step_end > 0 else 0.0,
+                    ranks=sorted(ranks, key=lambda x: x.rank),
+                    mfu={k: mfu_num[k] / mfu_den[k] for k in mfu_num},
+                    bubble_share=bubble_all / (n * step_end) if step_end else 0.0,
+                    comm_share=comm_all / (n * step_end) if step_end else 0.0,
+                    fits=fits, notes=notes, trace=events)
+    return res
