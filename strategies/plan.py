@@ -354,6 +354,11 @@ def _check_ranks(plan: Plan, topo: Any, world: int) -> None:
                                         f"each rank holds one place (schedule {plan.schedule})")
                 else:
                     seen[x] = (i, j)
+            if r.ranks != sorted(r.ranks):
+                # a TP group's process group orders ranks ascending and DTensor puts shard t on its
+                # t-th rank, so the plan's TP index (position in this list) must be that order
+                raise PlanError(field, r.ranks, f"TP ranks must ascend ({sorted(r.ranks)}): TP index t "
+                                f"(the DP group it joins) is the rank holding TP shard t")
             chips = {x: topo.chip_of(x) for x in r.ranks}
             if len(set(chips.values())) > 1:
                 raise PlanError(field, r.ranks, f"TP group spans chip kinds {chips}; a TP group must be one "

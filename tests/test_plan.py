@@ -192,6 +192,11 @@ def test_check_layers_tile_the_model():
     raises(check([stage([0, 3], *DP4)]), "stages[0].layers", [0, 3], "blocks [3, 4) are on no stage")
 
 
+def test_check_tp_ranks_ascend():
+    raises(check([stage([0, 4], rep([1, 0]), rep([2, 3]))]), "stages[0].replicas[0].ranks", [1, 0],
+           "TP ranks must ascend ([0, 1])")
+
+
 def test_check_tp_divides_heads_and_ffn():
     topo = Topology.from_chips(["cuda"] * 3)
     raises(check([stage([0, 4], rep([0, 1, 2]))], topo=topo), "stages[0].replicas[0].ranks", [0, 1, 2],
