@@ -5,7 +5,7 @@ A cross pair goes over exactly one rail that has d as a member (`hal.topology` r
 of (s, d) is that rail's member in s's sub-cluster; s hands the data to its relay over the intra
 CCL, and the relay sends it along the rail straight to d. So every cross byte crosses once, on a
 rail, and lands at its destination (no forwarding on the far side), as NCCL's PXN does for
-rail-optimised networks. Which rail (`cross_rail`, a function of the topology only, so every rank
+rail-optimised networks. Which rail (`cross_rails`, a function of the topology only, so every rank
 computes the same table):
 
 - a rail with d on which s itself sits, if any: then s is its own relay and nothing moves intra
@@ -68,10 +68,6 @@ def cross_rails(topo: RailLayout) -> tuple[tuple[int, ...], ...]:
     return tuple(table)
 
 
-def cross_rail(topo: RailLayout, s: int, d: int) -> int:
-    return cross_rails(topo)[s][d]
-
-
 @lru_cache(maxsize=16)
 def relaying(topo: RailLayout) -> tuple[bool, ...]:
     """Per sub-cluster: whether some rank of it hands a block to a mate to relay. Where none does
@@ -127,7 +123,7 @@ def all_to_all_single(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_spli
                       [(s, out_off[s], out_splits[s]) for s in mates], [in_splits[t] for t in mates],
                       [out_splits[s] for s in mates], ("a2a", "intra"), False, inp.device)
     if relaying(topo)[c]:
-        relayed = _relay_exchange(fx, inp, out_splits, in_splits, in_off, cross)
+        relayed = _relay_exchange(fx, inp, in_splits, in_off, cross)
     else:  # every source is its own relay
         relayed = {(me, d): (inp, in_off[d], in_splits[d]) for d in cross}
 
@@ -182,8 +178,8 @@ def _exchange(fx: Fabric, ccl, out: torch.Tensor, pieces: list[Piece],
     return h if direct else Handle([h], unpack, getattr(h, "stage", ""))
 
 
-def _relay_exchange(fx: Fabric, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],
-                    in_off: list[int], cross: list[int]) -> dict[tuple[int, int], Piece]:
+def _relay_exchange(fx: Fabric, inp: torch.Tensor, in_splits: list[int], in_off: list[int],
+                    cross: list[int]) -> dict[tuple[int, int], Piece]:
     """Steps 0 and 1b where some mates relay for others: returns the blocks this rank relays,
     keyed (source mate, cross destination). Blocks this rank relays itself stay in the input."""
     topo = fx.topo
