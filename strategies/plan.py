@@ -326,7 +326,9 @@ def _check(plan: Plan, topo: Any, cfg: Any) -> None:
                         f"layers: blocks [{expect}, {cfg.layers}) are on no stage")
     for i, s in enumerate(plan.stages):
         tp = s.tp
-        for what, n in (("heads", cfg.heads), ("ffn", cfg.ffn)):
+        # seq: apply_plan's TP uses sequence-parallel norms (strategies/tensor_parallel.py), which
+        # split the sequence over the TP group
+        for what, n in (("heads", cfg.heads), ("ffn", cfg.ffn), ("seq", cfg.seq)):
             if n % tp:
                 raise PlanError(f"stages[{i}].replicas[0].ranks", s.replicas[0].ranks,
                                 f"TP degree {tp} does not divide the model's {what} = {n} ({n} % {tp} = "

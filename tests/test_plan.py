@@ -204,6 +204,9 @@ def test_check_tp_divides_heads_and_ffn():
     cfg = TINY.model_copy(update={"ffn": 66})
     raises(check([stage([0, 4], rep([0, 1, 2, 3]))], topo=Topology.from_chips(["cuda"] * 4), cfg=cfg),
            "stages[0].replicas[0].ranks", [0, 1, 2, 3], "ffn = 66", "66 % 4 = 2")
+    cfg = TINY.model_copy(update={"seq": 18})
+    raises(check([stage([0, 4], rep([0, 1, 2, 3]))], topo=Topology.from_chips(["cuda"] * 4), cfg=cfg),
+           "stages[0].replicas[0].ranks", [0, 1, 2, 3], "seq = 18", "18 % 4 = 2")
 
 
 def moe_check(experts, topo=T22):
