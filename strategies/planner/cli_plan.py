@@ -105,7 +105,7 @@ def _run(args: argparse.Namespace) -> int:
     from .convert import to_plan
     from .cost import ModelFacts
     from .report import efficiency_lines, facts_table, plan_table, step_table, summary
-    from .search import PlanSearchError, search
+    from .plan_search import PlanSearchError, search
 
     out, trace, json_out = (_out_path("--out", args.out), _out_path("--trace", args.trace),
                             _out_path("--json", args.json_out))

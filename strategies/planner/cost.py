@@ -6,8 +6,8 @@ Conventions (each a stated assumption, printed in docs/planner.md):
     mixed-precision AdamW: 16 bytes/param replicated; ZeRO-2 2 + 14/d; ZeRO-3 16/d (REFERENCE.md).
   - forward FLOPs of a layer = 2 x its matmul parameters per token + 4 s h per token for attention;
     backward = 2 x forward; full recompute adds one forward.
-  - activations: ModelConfig.activation_bytes (REFERENCE.md) less its s x s attention-score term
-    (flash-style attention keeps no scores); full recompute keeps 2 s h per layer (the input).
+  - activations: ModelConfig.activation_bytes(attention="fused") (REFERENCE.md without the s x s
+    score term); full recompute keeps 2 s h per layer (the input).
   - tensor parallel costs 4 all-reduce-equivalents of b s h bf16 per layer per micro-batch (2 forward,
     2 backward) on the intra-node link, not overlapped with compute.
   - collectives use the ring / hierarchical formulas of nccl-tests and the bridge (hal.collectives'
@@ -30,9 +30,8 @@ BRIDGE_STAGING = 2 * 64 * 2**20   # the bridge's preallocated host/device stagin
 class ModelFacts:
     """A model config's counts as the cost model asks for them, per sample (one sequence).
 
-    Parameters and FLOPs come from `strategies.models.ModelConfig` (one definition). Activations
-    use its estimate less the s x s attention-score term: attention runs flash-style (torch's SDPA
-    on CUDA/NPU does not keep the scores), and sequence parallelism shards the rest by TP."""
+    Parameters, FLOPs and activation bytes come from `strategies.models.ModelConfig` (one
+    definition); activations with `attention="fused"`: torch's SDPA on CUDA/NPU keeps no scores."""
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg
@@ -63,12 +62,10 @@ class ModelFacts:
         return float(self.cfg.train_flops(self.seq))
 
     def act_bytes(self, tp: int, recompute: bool) -> float:
-        """Activation bytes one layer keeps for backward per sample."""
+        """Activation bytes one layer keeps for backward per sample (fused attention: no scores)."""
         key = (tp, recompute)
         if key not in self._act:
-            rc = "full" if recompute else "none"
-            scores = 0.0 if recompute else 5.0 * self.heads * self.seq * self.seq / tp
-            self._act[key] = (self.cfg.activation_bytes(1, tp, rc) - scores) / (1 if recompute else 1)
+            self._act[key] = self.cfg.activation_bytes(1, tp, "full" if recompute else "none", attention="fused")
         return self._act[key]
 
     def boundary_bytes(self) -> float:

@@ -180,8 +180,10 @@ def _estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[f
         if dp > 1:
             parts: dict[str, list] = {}
             for g in groups:
-                parts.setdefault(g.facts.name, [g.facts, 0, g.facts.nic_bw])[1] += g.count
-            t_red = dp_reduce_time(max(params, 0) * GRAD_BYTES, [tuple(v) for v in parts.values()])
+                parts.setdefault(g.facts.name, [g.facts, 0, g.tp])[1] += g.count
+            # a part on one node (its TP groups are consecutive ranks) reduces over the intra link
+            plist = [(f, n, f.intra_bw if n * tp <= f.ranks_per_node else f.nic_bw) for f, n, tp in parts.values()]
+            t_red = dp_reduce_time(max(params, 0) * GRAD_BYTES, plist)
             tail = max(tail, max(0.0, t_red - bwd_min) + t_red / max(n_layers, 1) + opt)
         else:
             tail = max(tail, opt)
@@ -296,10 +298,12 @@ def mixed_candidates(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, 
             for bm in divisors(batch):
                 if bm < d or (even and bm % d):
                     continue
+                m = batch // bm
+                if p > 1 and m < p:
+                    continue        # 1F1B needs at least as many micro-batches as stages (torch rule)
                 rows = [(bm // d, n) for n in n_c] if even else _share(bm, n_c, unit)
                 if rows is None:
                     continue
-                m = batch // bm
                 kinds = [_runs(n, r[0], r[1], e[0] if e else None, e[1] if e else 0)
                          for n, r, e in zip(n_c, rows, eshare or [None] * len(n_c))]
 
@@ -350,7 +354,7 @@ def even_candidates(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, m
             if model.experts and model.experts % d:
                 continue
             for bm in divisors(batch):
-                if bm % d:
+                if bm % d or (p > 1 and batch // bm < p):
                     continue
                 m = batch // bm
                 e = model.experts // d if model.experts else None
@@ -404,7 +408,7 @@ def split_candidates(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, 
         if p > min(max_pp, model.layers):
             continue
         dc = [f.size // (t * pc) for f, (t, pc) in zip(facts, combo)]
-        for bm in [bm for bm in divisors(batch) if bm >= max(dc)][:max_bm]:
+        for bm in [bm for bm in divisors(batch) if bm >= max(dc) and batch // bm >= p][:max_bm]:
             m = batch // bm
             rows = [(bm // d, d - bm % d) for d in dc]          # even inside a kind
             eshare = None
@@ -506,16 +510,17 @@ def search(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, node_of=No
     say(f"searching split-stage layouts ({len(mixed)} mixed candidates so far)")
     split = split_candidates(facts, model, batch, max_pp=max_pp, solo=parts)
     evaluated += len(mixed) + len(split)
-    say(f"simulating finalists of {len(mixed) + len(split)} candidates")
-    fin = _finalize(mixed, model, keep, node_of) + _finalize(split, model, keep, node_of)
+    say(f"scoring even layouts ({len(mixed) + len(split)} candidates so far)")
+    ev = even_candidates(facts, model, batch, max_pp=max_pp)
+    evaluated += len(ev)
+    say(f"simulating finalists of {len(mixed) + len(split) + len(ev)} candidates")
+    ev_fin = _finalize(ev, model, keep, node_of)
+    even = ev_fin[0] if ev_fin and ev_fin[0].sim.fits else None
+    # the even layouts compete too: the planner never returns worse than what a user would get
+    fin = _finalize(mixed, model, keep, node_of) + _finalize(split, model, keep, node_of) + ev_fin
     fin = sorted([c for c in fin if c.sim and c.sim.fits], key=lambda c: c.sim.step_time_s)
     if not fin:
         raise PlanSearchError(f"no layout of {model.name} fits this cluster with global batch {batch}")
-    say("scoring the even layout")
-    ev = even_candidates(facts, model, batch, max_pp=max_pp)
-    evaluated += len(ev)
-    ev_fin = _finalize(ev, model, keep, node_of)
-    even = ev_fin[0] if ev_fin and ev_fin[0].sim.fits else None
     return SearchResult(best=fin[0], even=even, parts=parts, evaluated=evaluated,
                         search_s=time.perf_counter() - t0, finalists=fin)
 

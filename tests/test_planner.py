@@ -1,0 +1,229 @@
+"""The planner: figures and their sources, the cost model's arithmetic, the step simulator against
+closed forms, the search against brute force and Plan.check, and `hal plan` / `hal simulate`.
+Single process, no torch.distributed: pure arithmetic over plans."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from hal.cluster import parse_cluster_spec
+from hal.topology import Topology
+from strategies.models import ModelConfig
+from strategies.plan import Plan
+from strategies.planner import ModelFacts, chip_facts, search, simulate
+from strategies.planner import plan_search as S
+from strategies.planner.convert import from_plan, to_plan
+from strategies.planner.cost import replica_cost
+from strategies.planner.simulate import Layout, RepSpec, StageSpec
+
+SMALL = ModelConfig(name="small", layers=8, hidden=1024, heads=16, ffn=2816, vocab=32000, seq=1024)
+SMALL_MOE = ModelConfig(name="small-moe", layers=4, hidden=1024, heads=16, ffn=1408, vocab=32000, seq=1024,
+                        experts=8, top_k=2)
+
+
+def _topo(*subs: tuple[str, str, str, int, int]) -> Topology:
+    text = ""
+    for name, chip, model, nodes, rpn in subs:
+        text += (f'[[sub_clusters]]\nname = "{name}"\nchip = "{chip}"\nmodel = "{model}"\n'
+                 f"nodes = {nodes}\nranks_per_node = {rpn}\n")
+    return Topology.from_spec(parse_cluster_spec(text))
+
+
+def _facts(topo):
+    return [chip_facts(sc) for sc in topo.sub_clusters], {r: topo.node_of(r) for r in range(topo.world_size)}
+
+
+# ---- figures ------------------------------------------------------------------------------------
+def test_every_figure_has_a_source_and_defaults_say_so():
+    facts, _ = _facts(_topo(("h", "cuda", "H100", 1, 8), ("a", "ascend", "910B2", 1, 8), ("k", "kunlun", "P800", 1, 8)))
+    for f in facts:
+        assert set(f.sources) == {"flops", "memory", "memory_bw", "intra_bw", "nic_bw", "host_copy_bw"}
+    h, a, k = facts
+    assert h.flops == pytest.approx(0.45 * 989.5e12) and "catalog" in h.sources["flops"]
+    assert h.peak == pytest.approx(989.5e12)
+    assert "assumed" in k.sources["flops"]            # the catalog has no P800 peak
+    assert "assumed" in a.sources["memory_bw"]        # nor a 910B2 memory bandwidth
+    assert a.sources["nic_bw"].startswith("topology: default")
+
+
+def test_measured_matrix_replaces_catalog(tmp_path):
+    (tmp_path / "h.json").write_text(json.dumps({
+        "schema_version": "1.0", "chip": "cuda", "profile_model": "H100", "emulated": False,
+        "matmul": [{"dtype": "bfloat16", "flops_per_s": 6e14}, {"dtype": "bfloat16", "flops_per_s": 7e14}],
+        "memory_bandwidth": [{"bytes_per_s": 3e12}],
+        "collectives": [{"collective": "all_reduce", "bytes": 2**20, "busbw": 1e11},
+                        {"collective": "all_reduce", "bytes": 2**30, "busbw": 3e11}]}))
+    from strategies.planner.facts import load_matrices
+    topo = _topo(("h", "cuda", "H100", 1, 8))
+    f = chip_facts(topo.sub_clusters[0], load_matrices(tmp_path))
+    assert f.flops == 7e14 and f.sources["flops"].startswith("measured")
+    assert f.memory_bw == 3e12 and 1e11 < f.intra_bw < 3e11 and f.sources["intra_bw"].startswith("measured")
+    (tmp_path / "bad.json").write_text(json.dumps({"schema_version": "2.0", "chip": "x"}))
+    with pytest.raises(ValueError, match="schema '2.0'"):
+        load_matrices(tmp_path)
+
+
+# ---- cost model -----------------------------------------------------------------------------------
+def test_state_memory_follows_zero_levels():
+    facts, _ = _facts(_topo(("h", "cuda", "H100", 1, 8)))
+    m = ModelFacts(SMALL)
+    f = facts[0]
+    base = dict(tp=1, n_layers=8, first=True, last=True, mb=1, recompute=True, dp=8, in_flight=1)
+    mem = {z: replica_cost(m, f, base["tp"], 8, True, True, 1, True, z, 8, 1).memory for z in (0, 2, 3)}
+    params = 8 * SMALL.layer_params() + 2 * SMALL.embed_params()
+    # differences between levels are exactly the state bytes per parameter (REFERENCE.md)
+    assert mem[0] - mem[2] == pytest.approx(params * (16 - (2 + 14 / 8)), rel=1e-9)
+    assert mem[2] - mem[3] == pytest.approx(params * ((2 + 14 / 8) - 16 / 8) - 2 * SMALL.layer_params() * 2, rel=1e-6)
+
+
+def test_compute_time_is_flops_over_achieved_rate():
+    facts, _ = _facts(_topo(("h", "cuda", "H100", 1, 8)))
+    m = ModelFacts(SMALL)
+    c1 = replica_cost(m, facts[0], 1, 1, False, False, 1, False, 0, 1, 1)
+    c2 = replica_cost(m, facts[0], 1, 2, False, False, 3, False, 0, 1, 1)
+    assert c2.fwd == pytest.approx(6 * c1.fwd)              # linear in layers x rows
+    assert c1.bwd == pytest.approx(2 * c1.fwd)
+    flops = SMALL.layer_forward_flops(SMALL.seq)
+    assert c1.fwd >= flops / facts[0].flops                  # plus the memory-bound part, never less
+    rc = replica_cost(m, facts[0], 1, 1, False, False, 1, True, 0, 1, 1)
+    assert rc.bwd == pytest.approx(c1.bwd + c1.fwd)          # full recompute: one more forward
+
+
+# ---- simulator -------------------------------------------------------------------------------------
+def _uniform_layout(f, p: int, m: int, schedule: str = "1F1B") -> Layout:
+    per = SMALL.layers // p
+    stages = [StageSpec((s * per, (s + 1) * per), [RepSpec(f, (s,), 2)]) for s in range(p)]
+    return Layout(stages=stages, m=m, schedule=schedule, node_of={r: 0 for r in range(8)})
+
+
+def test_single_stage_step_is_m_times_work_plus_optimizer():
+    facts, _ = _facts(_topo(("h", "cuda", "H100", 1, 8)))
+    lay = _uniform_layout(facts[0], 1, 5)
+    c = replica_cost(ModelFacts(SMALL), facts[0], 1, 8, True, True, 2, False, 0, 1, 5)
+    res = simulate(lay, ModelFacts(SMALL))
+    assert res.step_time_s == pytest.approx(5 * (c.fwd + c.bwd) + c.optimizer, rel=1e-9)
+    assert res.bubble_share == pytest.approx(0.0, abs=1e-12)
+
+
+def test_pipeline_bubble_matches_the_1f1b_formula_without_head():
+    facts, _ = _facts(_topo(("h", "cuda", "H100", 1, 8)))
+    cfg = SMALL.model_copy(update={"vocab": 2})         # negligible head: identical stages
+    m = ModelFacts(cfg)
+    for p, mb in ((2, 4), (4, 8), (4, 3)):
+        per = cfg.layers // p
+        lay = Layout(stages=[StageSpec((s * per, (s + 1) * per), [RepSpec(facts[0], (s,), 1)]) for s in range(p)],
+                     m=mb, node_of={r: 0 for r in range(8)})
+        res = simulate(lay, m)
+        c = replica_cost(m, facts[0], 1, per, False, False, 1, False, 0, 1, 1)
+        ideal = mb * (c.fwd + c.bwd)
+        # (m + p - 1) slots of one stage's work plus the sends: the bubble is (p-1)/(m+p-1) of it
+        slots = (mb + p - 1) * (c.fwd + c.bwd)
+        assert slots * 0.999 <= res.step_time_s - c.optimizer <= slots * 1.2, (p, mb)
+        assert res.step_time_s > ideal
+        gp = simulate(Layout(stages=lay.stages, m=mb, schedule="GPipe", node_of=lay.node_of), m)
+        assert gp.step_time_s == pytest.approx(res.step_time_s, rel=0.05)   # same makespan, more memory
+        assert max(r.memory_bytes for r in gp.ranks) >= max(r.memory_bytes for r in res.ranks)
+
+
+def test_reslicing_between_stages_of_different_dp_and_trace(tmp_path):
+    facts, node_of = _facts(_topo(("h", "cuda", "H100", 1, 4), ("a", "ascend", "910B2", 1, 4)))
+    h, a = facts
+    lay = Layout(stages=[StageSpec((0, 5), [RepSpec(h, (0, 1), 5), RepSpec(h, (2, 3), 3)]),
+                         StageSpec((5, 8), [RepSpec(a, (4,), 2), RepSpec(a, (5,), 2), RepSpec(a, (6,), 2),
+                                            RepSpec(a, (7,), 2)])], m=3, node_of=node_of)
+    res = simulate(lay, ModelFacts(SMALL), trace=True)
+    assert res.step_time_s > 0 and len(res.ranks) == 8
+    ops = [e for e in res.trace if e["name"][0] in "FB" and e["name"][1:].isdigit()]
+    assert len(ops) == 2 * 3 * 6                          # F and B of 3 micro-batches on 6 replicas
+    res.write_trace(tmp_path / "t.json")
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+
+
+# ---- search -------------------------------------------------------------------------------------
+def test_homogeneous_search_finds_the_brute_force_best():
+    topo = _topo(("h", "cuda", "H100", 1, 8))
+    facts, node_of = _facts(topo)
+    m = ModelFacts(SMALL)
+    res = search(facts, m, 32, node_of=node_of)
+    every = S.mixed_candidates(facts, m, 32)
+    assert len(every) > 10
+    brute = min(simulate(S.materialize(c.layout, node_of), m).step_time_s for c in every)
+    assert res.best.sim.step_time_s == pytest.approx(brute, rel=1e-9)
+    assert res.efficiency == pytest.approx(1.0, rel=1e-9)     # one part: the ideal is itself
+
+
+@pytest.mark.parametrize("cfg,batch", [(SMALL, 64), (SMALL_MOE, 64)])
+def test_search_returns_plans_that_check_and_fit(cfg, batch):
+    topo = _topo(("h", "cuda", "H100", 2, 8), ("a", "ascend", "910B2", 1, 8), ("k", "kunlun", "P800", 1, 4))
+    facts, node_of = _facts(topo)
+    m = ModelFacts(cfg)
+    res = search(facts, m, batch, node_of=node_of)
+    for cand in res.finalists + [res.even] + list(res.parts.values()):
+        if cand is None:
+            continue
+        plan = to_plan(cand.layout, cfg.name)
+        if cand in res.parts.values():
+            continue          # a part alone covers only its own ranks
+        plan.check(topo, cfg)
+        assert cand.sim.fits
+        assert plan.global_batch == batch
+        again = simulate(from_plan(plan, facts, node_of), m)
+        assert again.step_time_s == pytest.approx(cand.sim.step_time_s, rel=1e-9)
+    assert res.efficiency >= (res.even_efficiency or 0)
+    assert 0 < res.efficiency <= 1.05
+
+
+def test_nothing_fits_is_a_typed_error():
+    topo = _topo(("h", "cuda", "H100", 1, 2))
+    facts, node_of = _facts(topo)
+    huge = ModelConfig(name="huge", layers=4, hidden=65536, heads=64, ffn=262144, vocab=32000, seq=4096)
+    with pytest.raises(S.PlanSearchError, match="no layout of huge fits sub-cluster h"):
+        search(facts, ModelFacts(huge), 8, node_of=node_of)
+
+
+def test_split_layers_and_shares():
+    assert S.split_layers(10, [1.0, 1.0], [0.0, 0.0]) == [5, 5]
+    assert sum(S.split_layers(80, [1.0, 2.0, 2.0], [0.0, 0.0, 3.0])) == 80
+    assert S.place_experts(8, [3.0, 1.0]) == [6, 2]
+    rows = S._share(10, [2, 2], [1.0, 3.0])    # fast kind takes ~3x the rows of the slow kind
+    assert rows is not None
+    (lo0, n0), (lo1, n1) = rows
+    total = n0 * lo0 + (2 - n0) * (lo0 + 1) + n1 * lo1 + (2 - n1) * (lo1 + 1)
+    assert total == 10 and lo0 > lo1
+
+
+# ---- CLI ------------------------------------------------------------------------------------------
+def test_hal_plan_and_simulate_cli(tmp_path, capsys):
+    from hal.cli import main
+    out, js, tr = tmp_path / "plan.toml", tmp_path / "f.json", tmp_path / "t.json"
+    rc = main(["plan", "--cluster", "examples/clusters/laptop-2x2.toml", "--model", "examples/models/tiny.toml",
+               "--batch", "8", "--out", str(out), "--json", str(js), "--trace", str(tr), "--quiet"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    data = json.loads(js.read_text())
+    for key in ("step_time_s", "tokens_per_s", "efficiency", "even_efficiency", "search_s"):
+        assert key in data
+    assert "of ideal" in text and "Plan.even" in text and "source" in text
+    plan = Plan.load(out)
+    assert plan.global_batch == 8
+    rc = main(["simulate", "--plan", str(out), "--cluster", "examples/clusters/laptop-2x2.toml",
+               "--model", "examples/models/tiny.toml"])
+    assert rc == 0
+    assert f"{data['step_time_s']:.3f} s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--model", "nosuch.toml", "--cluster", "examples/clusters/laptop-2x2.toml"], "--model nosuch.toml: no such file"),
+    (["--model", "examples/models/tiny.toml", "--cluster", "nosuch.toml"], "--cluster nosuch.toml: no such file"),
+    (["--model", "examples/models/tiny.toml", "--cluster", "examples/clusters/laptop-2x2.toml", "--batch", "0"],
+     "--batch 0: must be >= 1"),
+    (["--model", "examples/models/tiny.toml", "--cluster", "examples/clusters/laptop-2x2.toml", "--out",
+      "/nonexistent-dir/p.toml"], "directory /nonexistent-dir does not exist"),
+])
+def test_hal_plan_bad_input_is_one_line_exit_2(argv, needle, capsys):
+    from hal.cli import main
+    assert main(["plan"] + argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
