@@ -89,12 +89,10 @@ class Runner:
 
     def __init__(self, target: Target, pool: Optional[PoolHandle] = None,
                  on_result: Optional[Callable[[CheckResult], None]] = None,
-                 budgets: Optional[dict[str, float]] = None):
+                 budgets: Optional[dict[str, float]] = None, bind_timeout_s: Optional[float] = None):
         self.target = target
         self._own_pool = pool is None
-        self.pool = pool or PoolHandle(target.nproc)
-        if self.pool.nproc != target.nproc:
-            raise ValueError(f"pool has {self.pool.nproc} ranks but the target asks for --nproc {target.nproc}")
+        self.pool = pool or PoolHandle(target.nproc)  # a shared handle may default to another size
         self.on_result = on_result
         self.local = LocalContext(target)
         self._bound: dict = {}
@@ -103,6 +101,8 @@ class Runner:
         self._hangs: dict[str, list[str]] = {}
         self._bind_hung: dict = {}  # WorkerSpec -> why binding it did not finish
         self._stacks = tempfile.mkdtemp(prefix="hal-conformance-stacks-")
+        self._started: set = set()
+        self.bind_timeout_s = bind_timeout_s or bounds.BIND_TIMEOUT_S
 
     def run(self, checks: Iterable[Check]) -> list[CheckResult]:
         results = []
@@ -182,6 +182,14 @@ class Runner:
         pool = self.pool.get(size)
         if self._bound.get(id(pool)) == spec:
             return None
+        if id(pool) not in self._started:
+            try:  # spawn + import torch: no plugin code runs yet, so this is not the plugin's time
+                pool.run(worker.ping, timeout=bounds.POOL_START_TIMEOUT_S, check=False)
+            except TimeoutError:
+                self.pool.discard(size)
+                return f"the worker pool of {size} processes did not start within {bounds.POOL_START_TIMEOUT_S:g}s"
+            self._started.add(id(pool))
+        timeout = min(timeout, self.bind_timeout_s)
         stack = os.path.join(self._stacks, "bind")
         try:
             pool.run(worker.prepare, spec, stack, _dump_after(timeout), timeout=timeout, check=False)

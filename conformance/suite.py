@@ -38,11 +38,13 @@ def discover(target: Target, levels: Sequence[str] = LEVELS, select: Optional[Se
 
 def run_suite(target: Target, levels: Sequence[str] = LEVELS, select: Optional[Sequence[str]] = None,
               pool: Optional[PoolHandle] = None,
-              on_result: Optional[Callable[[CheckResult], None]] = None) -> Report:
-    """Discover and run the checks; the report (its `efficiency_matrix` set if perf ran)."""
+              on_result: Optional[Callable[[CheckResult], None]] = None,
+              budgets: Optional[dict[str, float]] = None, bind_timeout_s: Optional[float] = None) -> Report:
+    """Discover and run the checks; the report (its `efficiency_matrix` set if perf ran). `budgets`
+    (seconds per level) and `bind_timeout_s` override `conformance.bounds`' defaults."""
     t0 = time.perf_counter()
     checks = discover(target, levels, select)
-    runner = Runner(target, pool=pool, on_result=on_result)
+    runner = Runner(target, pool=pool, on_result=on_result, budgets=budgets, bind_timeout_s=bind_timeout_s)
     try:
         results = runner.run(checks)
     finally:

@@ -167,6 +167,12 @@ def context(spec: WorkerSpec) -> WorkerContext:
     return _STATE
 
 
+def ping() -> int:
+    """The pool is up (spawned, torch importable)."""
+    import torch  # noqa: F401  (the import is what takes the time)
+    return os.getpid()
+
+
 def prepare(spec: WorkerSpec, stack_path: Optional[str] = None, dump_after_s: float = 0.0) -> str:
     """Bind `spec` ahead of the first check (errors are left for that check to report). With
     `stack_path`, a binding still running after `dump_after_s` leaves its stacks there."""

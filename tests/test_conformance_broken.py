@@ -1,9 +1,11 @@
 """Every deliberately broken plugin (tests/broken_plugins) is caught by the check meant to catch it.
 
 Each plugin declares its bug, the check id that must fail (CAUGHT_BY), the smallest run that
-reaches it (LEVELS, SELECT), and checks that must still pass (STILL_PASSES: the bug is specific,
-the suite does not just fail everything). One worker pool serves every plugin (the workers rebind
-per plugin), so process start-up is paid once for the module.
+reaches it (LEVELS, SELECT, and NPROC where the bug needs more than 2 ranks, e.g. an odd world
+size), words the failure message must contain (MESSAGE), and checks that must still pass
+(STILL_PASSES: the bug is specific, the suite does not just fail everything). One pool handle
+serves every plugin (the workers rebind per plugin), so process start-up is paid once per size.
+Plugins that hang or die (HANGS) are run by tests/test_conformance_bounds.py with short bounds.
 """
 import importlib
 import pkgutil
@@ -15,7 +17,10 @@ from conformance.runner import PoolHandle
 from conformance.suite import run_suite
 from conformance.target import load_target
 
-BROKEN = sorted(m.name for m in pkgutil.iter_modules(broken_pkg.__path__) if m.name.startswith("bad_"))
+ALL = sorted(m.name for m in pkgutil.iter_modules(broken_pkg.__path__) if m.name.startswith("bad_"))
+BROKEN = [n for n in ALL if not getattr(importlib.import_module(f"tests.broken_plugins.{n}"), "HANGS", False)]
+# run the 2-rank plugins first, then the 4-rank ones: one pool size switch for the module
+BROKEN.sort(key=lambda n: getattr(importlib.import_module(f"tests.broken_plugins.{n}"), "NPROC", 2))
 
 
 @pytest.fixture(scope="module")
@@ -26,27 +31,43 @@ def pool():
 
 def test_there_are_broken_plugins_for_every_required_bug():
     required = {"bad_reduce_dtype", "bad_alltoall_uneven", "bad_broadcast_root", "bad_event_wait",
-                "bad_capability_lies", "bad_rng_seed", "bad_noncontig_op", "bad_async_early"}
-    assert required <= set(BROKEN), f"missing broken plugins: {required - set(BROKEN)}"
+                "bad_capability_lies", "bad_rng_seed", "bad_noncontig_op", "bad_async_early",
+                # issue 14's properties, one plugin each
+                "bad_hang_collective", "bad_hang_runtime", "bad_hang_probe", "bad_abort_collective",
+                "bad_power_of_two", "bad_middle_root", "bad_storage_offset", "bad_strided_broadcast",
+                "bad_int_saturate", "bad_bf16_via_fp16", "bad_inplace_op", "bad_output_layout",
+                "bad_softmax_overflow", "bad_memory_never_freed", "bad_timing_units", "bad_profile_peak",
+                "bad_untyped_refusal", "bad_thin_matrix"}
+    assert required <= set(ALL), f"missing broken plugins: {required - set(ALL)}"
 
 
-@pytest.mark.parametrize("name", BROKEN)
-def test_broken_plugin_is_caught(name, pool):
+def run_broken(name, pool, **kwargs):
+    """Run broken plugin `name` as its module says and check it is caught as it says; the report."""
     module = importlib.import_module(f"tests.broken_plugins.{name}")
-    target = load_target(f"tests.broken_plugins.{name}", nproc=2, group_timeout_s=20)
+    nproc = getattr(module, "NPROC", 2)
+    timeout = kwargs.pop("timeout", getattr(module, "TIMEOUT", 20))
+    target = load_target(f"tests.broken_plugins.{name}", nproc=nproc, group_timeout_s=timeout)
     assert target.load_error is None, target.load_error
     assert target.chip == name and not target.emulated  # native: the plugin's own hooks are exercised
-    report = run_suite(target, module.LEVELS, module.SELECT, pool=pool)
+    report = run_suite(target, module.LEVELS, module.SELECT, pool=pool, **kwargs)
     status = {r.id: r for r in report.results}
     assert module.CAUGHT_BY in status, f"{module.CAUGHT_BY} did not run; ran {sorted(status)}"
     caught = status[module.CAUGHT_BY]
     assert caught.status == "failed", f"{name} ({module.BUG}) was not caught by {module.CAUGHT_BY}:\n{report.console()}"
     assert caught.message, "a failure must say what was expected and what came"
+    for word in getattr(module, "MESSAGE", []):
+        assert word in caught.message, f"{module.CAUGHT_BY}'s message lacks {word!r}: {caught.message}"
     for cid in getattr(module, "ALSO_FAILS", []):
         assert status[cid].status == "failed", f"{cid} should fail too: {status[cid].message}"
     for cid in module.STILL_PASSES:
         assert status[cid].status == "passed", f"{cid} should pass despite the bug: {status[cid].message}"
     assert not report.ok
+    return report
+
+
+@pytest.mark.parametrize("name", BROKEN)
+def test_broken_plugin_is_caught(name, pool):
+    run_broken(name, pool)
 
 
 def test_failure_messages_say_expected_and_got(pool):

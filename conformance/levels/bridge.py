@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 
+from ..bounds import multi_rank_timeout
 from ..checks import Check, CheckFailed, CheckNotApplicable, CheckSkipped
 from ..target import Target, WorkerSpec
 from .collectives import SIZES, _cases, _typed, combinations, run_cases
@@ -83,14 +84,19 @@ def check_bridge_collective(ctx, collective: str, dtype: str, op) -> str:
         return _typed(exc) and (need is None or case.layout == "strided")
 
     cases = _cases(collective, dtype, op, ctx.world_size)
-    _, notes = run_cases(ctx, cases, group, ctx.world_size, refusal_ok)
+    try:
+        _, notes = run_cases(ctx, cases, group, ctx.world_size, refusal_ok)
+    except CheckFailed as exc:
+        if need:
+            raise CheckFailed(f"required ({need} issues it), so a refusal is not a pass: {exc}") from None
+        raise
     done = len(cases) - len(notes)
     tag = f" (required: {need})" if need else ""
     if done == 0 and notes:
         return f"refused with hal.NotSupportedError{tag}: {notes[0]}"
     note = f"; refused: {notes[0]}" + (f" (+{len(notes) - 1} more)" if len(notes) > 1 else "") if notes else ""
-    return f"{done} cases correct across the chips{tag} (sizes {list(SIZES)}, offset and strided views; {ctx.world_size} ranks, "
-            f"{ctx.spec.chips.count(ctx.spec.chip)} on {ctx.spec.chip}){note}"
+    return (f"{done} cases correct across the chips{tag} (sizes {list(SIZES)}, offset and strided views; "
+            f"{ctx.world_size} ranks, {ctx.spec.chips.count(ctx.spec.chip)} on {ctx.spec.chip}){note}")
 
 
 def _skipped(ctx, why: str, applicable: bool = True) -> str:
@@ -102,7 +108,7 @@ check_bridge_collective.worker_spec = bridge_spec
 
 
 def discover(target: Target) -> list[Check]:
-    t = max(60.0, 2 * target.group_timeout_s + 30)
+    t = multi_rank_timeout(target.group_timeout_s)
     doc = "the plugin's chip and cpu form one hetero group"
     available, why = _available()
     if target.chip == "cpu" or not available:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from ..bounds import multi_rank_timeout
 from ..checks import Check, CheckFailed
 from ..target import Target
 from .collective_calls import LAYOUTS
@@ -192,7 +193,7 @@ def check_async_wait(ctx) -> str:
 
 
 def discover(target: Target) -> list[Check]:
-    t = max(60.0, 2 * target.group_timeout_s + 30)
+    t = multi_rank_timeout(target.group_timeout_s)
     checks = [
         Check("collectives.process_group", "collectives",
               "the chip's CCL group reports its rank and size and completes a barrier",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import re
 
-from ..checks import Check, CheckFailed, CheckSkipped
+from ..checks import Check, CheckFailed, CheckNotApplicable, CheckSkipped
 from ..target import LocalContext
 
 # Below these, a figure is in the wrong unit, not a slow chip: 1 GFLOP/s, 64 MiB, 100 MB/s.
@@ -204,7 +204,8 @@ def check_device_runtime(ctx: LocalContext) -> str:
     from hal.runtime import DeviceRuntime
     t = _need(ctx)
     if t.emulated or not t.native_available:
-        raise CheckSkipped(f"chip {t.chip!r} is not native here; the runtime level checks the emulated runtime")
+        raise CheckNotApplicable(f"chip {t.chip!r} runs emulated in this run; the runtime level checks the emulated "
+                                 f"runtime")
     rt = t.pm.call_owner(t.chip, "hal_device_runtime")
     if not isinstance(rt, DeviceRuntime):
         raise CheckFailed(f"hal_device_runtime returned {rt!r}, expected a hal.DeviceRuntime")

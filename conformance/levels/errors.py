@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..checks import Check, CheckFailed, CheckSkipped
+from ..bounds import multi_rank_timeout
+from ..checks import Check, CheckFailed, CheckNotApplicable
 
 
 def _expect_raise(what: str, call: Callable[[], Any]) -> str:
@@ -47,7 +48,7 @@ def check_op_wrong_device(ctx) -> str:
     import torch
     dev = ctx.device
     if dev.type == "cpu":
-        raise CheckSkipped("the chip's tensors are host tensors: there is no second device to mix in")
+        raise CheckNotApplicable("the chip's tensors are host tensors: there is no second device to mix in")
     got = [
         _expect_raise(f"matmul({dev.type}, cpu)", lambda: _kernel(ctx, "matmul")(
             torch.ones(4, 4, device=dev), torch.ones(4, 4))),
@@ -78,7 +79,7 @@ def check_op_mismatched_shapes(ctx) -> str:
 def check_device_index(ctx) -> str:
     acc = ctx.acc
     if acc.runtime.device_type == "cpu":
-        raise CheckSkipped("host runtime: every local rank shares the host, any index names it")
+        raise CheckNotApplicable("host runtime: every local rank shares the host, any index names it")
     count = acc.device_count()
     start = acc.current_device_index()
     try:
@@ -179,7 +180,7 @@ def check_collective_timeout(ctx) -> str:
 
 
 def discover(target) -> list[Check]:
-    t = max(60.0, 2 * target.group_timeout_s + 30)
+    t = multi_rank_timeout(target.group_timeout_s)
     return [
         Check("errors.op_wrong_dtype", "errors", "ops given operands of the wrong dtype raise",
               check_op_wrong_dtype, where="rank0", timeout=60),

@@ -1,7 +1,8 @@
 """Edge-case inputs the conformance ops level adds to `hal.ops.golden`'s cases: empty and large.
 
-`hal.ops.golden.cases` covers odd sizes, non-contiguous views and each op's options; a vendor kernel
-also meets empty batches (a rank with no tokens after routing, a pipeline stage's empty micro-batch)
+`hal.ops.golden.cases` covers odd sizes, non-contiguous views and each op's options; this adds a
+`range` case per op where inputs far from order 1 stay within the tolerance table (see
+`range_cases`). A vendor kernel also meets empty batches (a rank with no tokens after routing, a pipeline stage's empty micro-batch)
 and large rows (hidden 4096, vocab chunks), where tiling and reduction-tree bugs show. "Large" stays
 within the tolerance table's MAX_REDUCTION (4096): reductions are at most 4096 long, and inputs are
 scaled so outputs are of order 1, as the table assumes. Sizes are odd where the op allows, to hit
@@ -113,8 +114,42 @@ def edge_cases(op: str, d: torch.dtype, seed: int = 0, large: bool = True) -> li
             _case(op, "large", d, seed, _adamw(d, [(257, 129), (4099,)], 7), mutates=(0, 2, 3)),
         ],
     }
-    cases = out[op]
+    cases = out[op] + range_cases(op, d, seed)
     return [c for c in cases if large or c.name != "large"]
+
+
+# Input magnitudes far from 1 that a correct kernel handles within the tolerance table (the error of
+# a normalisation or a softmax is scale-invariant) and a naive one does not: x * x overflows float16
+# past 256, exp overflows float32 past 88, a one-hot gather turns one inf into a row of NaN.
+_NORM_SCALE = {torch.float16: 1e3, torch.bfloat16: 1e3, torch.float32: 1e15, torch.float64: 1e150}
+
+
+def range_cases(op: str, d: torch.dtype, seed: int = 0) -> list[OpCase]:
+    """A `range` case per op where one exists: inputs spanning the dtype's range (see above)."""
+    s = _NORM_SCALE[d]
+    make = {
+        "rms_norm": lambda g, dev: ((_r(g, (5, 64), d, dev, s), _r(g, (64,), d, dev, 0.1, 1.0)), {}),
+        "layer_norm": lambda g, dev: ((_r(g, (5, 64), d, dev, s), _r(g, (64,), d, dev, 0.1, 1.0),
+                                       _r(g, (64,), d, dev, 0.1)), {}),
+        "softmax": lambda g, dev: ((_r(g, (7, 37), d, dev, 100.0),), {}),
+        "cross_entropy": lambda g, dev: ((_r(g, (9, 29), d, dev, 100.0),
+                                          torch.randint(0, 29, (9,), generator=g).to(dev)), {}),
+        "silu": lambda g, dev: ((_r(g, (5, 37), d, dev, 1e3),), {}),
+        "gelu": lambda g, dev: ((_r(g, (5, 37), d, dev, 1e3),), {}),
+        "swiglu": lambda g, dev: ((_r(g, (5, 38), d, dev, 100.0),), {}),
+        "embedding": lambda g, dev: ((torch.randint(0, 50, (23,), generator=g).to(dev), _whole_range(g, (50, 16), d, dev)),
+                                     {}),
+    }.get(op)
+    return [_case(op, "range", d, seed, make)] if make else []
+
+
+def _whole_range(g, shape, d, dev):
+    """Values over the dtype's whole range: +-max, +-inf, NaN, -0.0, subnormals (a gather copies them)."""
+    from conformance.levels.collective_golden import _float_values
+    n = 1
+    for k in shape:
+        n *= k
+    return _float_values(g, str(d).removeprefix("torch."), n, "move").reshape(shape).to(dev)
 
 
 def _rotary_large(g, dev, d):

@@ -2,6 +2,9 @@
 efficiency matrix. Never a verdict on speed: a perf check fails only if its measurement could not
 run or gave a figure that is not a positive finite number.
 
+`perf.profile_agreement` is the one verdict: figures the chip's profile declares must agree with
+what this level measures (a declared figure far from reality misleads every planner).
+
 Figures are medians of repeats (each timed between device synchronizations). Sizes depend on the
 device: on a host (the cpu chip, every emulated chip) they are small enough to finish in seconds on
 a shared CI machine; on an accelerator they are large enough to reach its steady state.
@@ -12,7 +15,7 @@ import statistics
 import time
 from typing import Callable
 
-from ..checks import Check, CheckFailed, CheckSkipped, Passed
+from ..checks import Check, CheckFailed, CheckNotApplicable, CheckSkipped, Passed
 
 
 def _host(ctx) -> bool:
@@ -142,6 +145,44 @@ def check_efficiency_matrix(ctx) -> Passed:
                   f"validates against conformance.efficiency.EfficiencyMatrix", matrix)
 
 
+AGREEMENT = (0.01, 1.25)  # measured / declared: below 1 % or above 125 % the declared figure is wrong
+
+
+def check_profile_agreement(ctx) -> str:
+    """Every figure the profile declares that the perf level measured must be near it: a chip never
+    beats its peak (measured > 1.25 x declared: the figure is too low, or in another unit), and a
+    matmul of 1024..8192 or a 1 GiB copy reaches far more than 1 % of a true peak (below: the figure
+    belongs to another chip or unit). Planners divide work by these figures."""
+    t = ctx.target
+    if t.emulated:
+        raise CheckNotApplicable("emulated: the perf figures measure the host CPU, not the chip its profile describes")
+    ran = {cid: ctx.results.get(cid) for cid in ("perf.matmul", "perf.memory_bandwidth")}
+    data = {cid: r.data for cid, r in ran.items() if r is not None and r.status == "passed" and r.data}
+    if not data:
+        raise CheckSkipped("perf.matmul and perf.memory_bandwidth did not run or measured nothing in this run")
+    prof = t.pm.profile(t.chip, None)
+    pairs = []
+    best: dict[str, float] = {}
+    for f in (data.get("perf.matmul") or {}).get("matmul", []):
+        best[f["dtype"]] = max(best.get(f["dtype"], 0.0), f["flops_per_s"])
+    for dtype, measured in best.items():
+        fig = prof.peak_flops.get(dtype)
+        if fig is not None and fig.known:
+            pairs.append((f"peak_flops[{dtype}]", measured, fig.value, "FLOP/s"))
+    bw = (data.get("perf.memory_bandwidth") or {}).get("memory_bandwidth", [])
+    if bw and prof.memory_bandwidth.known:
+        pairs.append(("memory_bandwidth", bw[0]["bytes_per_s"], prof.memory_bandwidth.value, "B/s"))
+    if not pairs:
+        raise CheckNotApplicable(f"profile {prof.model!r} declares none of the measured figures (all unknown)")
+    lo, hi = AGREEMENT
+    bad = [f"{name}: declared {decl:.3g} {unit}, measured {meas:.3g} ({meas / decl:.2%} of it)"
+           for name, meas, decl, unit in pairs if not lo <= meas / decl <= hi]
+    if bad:
+        raise CheckFailed(f"profile {prof.model!r} disagrees with what the perf level measured (expected measured / "
+                          f"declared in [{lo:g}, {hi:g}]): " + "; ".join(bad))
+    return "; ".join(f"{n}: measured {m / d:.1%} of declared" for n, m, d, _ in pairs)
+
+
 def discover(target) -> list[Check]:
     return [
         Check("perf.matmul", "perf", "matmul FLOP/s by dtype and square shape (median of repeats)",
@@ -150,6 +191,9 @@ def discover(target) -> list[Check]:
               check_memory_bandwidth, where="rank0", timeout=120),
         Check("perf.collective_busbw", "perf", "collective bus bandwidth by message size (nccl-tests formulas)",
               check_collective_busbw, where="all", timeout=600),
+        Check("perf.profile_agreement", "perf", "declared profile figures agree with the measured ones "
+              f"(measured / declared in [{AGREEMENT[0]:g}, {AGREEMENT[1]:g}])", check_profile_agreement, where="local",
+              timeout=30),
         Check("perf.efficiency_matrix", "perf", "the figures assemble into an EfficiencyMatrix that validates",
               check_efficiency_matrix, where="local", timeout=30),
     ]

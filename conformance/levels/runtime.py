@@ -120,21 +120,46 @@ def check_stream_ordering(ctx) -> str:
 
 
 def check_event_timing(ctx) -> str:
+    """elapsed_time follows reality, in milliseconds: a chain timed between two events agrees with the
+    host's clock around it (the host waits for the end event, so its time bounds the device's from
+    above; the chain is long enough that launching it is a small part), and 8x the work reads longer."""
     import math
+    import time
     acc = ctx.acc
-    start, end = acc.Event(enable_timing=True), acc.Event(enable_timing=True)
-    start.record(acc.current_stream())
-    _busy(acc)
-    end.record(acc.current_stream())
-    end.synchronize()
-    ms = start.elapsed_time(end)
-    if not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms < 0:
-        raise CheckFailed(f"elapsed_time between two recorded timing events returned {ms!r}, expected a "
-                          f"finite number of milliseconds >= 0")
-    return f"elapsed_time = {ms:.3f} ms for a matmul chain"
+
+    def timed(reps: int) -> tuple[float, float]:
+        start, end = acc.Event(enable_timing=True), acc.Event(enable_timing=True)
+        acc.synchronize()
+        t0 = time.perf_counter()
+        start.record(acc.current_stream())
+        _busy(acc, 256, reps)
+        end.record(acc.current_stream())
+        end.synchronize()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+        return start.elapsed_time(end), wall_ms
+
+    timed(4)  # warm-up
+    short = timed(4)
+    long_ = [timed(32) for _ in range(2)]
+    ms, wall = min(long_, key=lambda p: p[1])
+    for v in (short[0], ms):
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise CheckFailed(f"elapsed_time between two recorded timing events returned {v!r}, expected a finite "
+                              f"number of milliseconds >= 0")
+    if ms > 1.5 * wall + 1.0 or ms < 0.1 * wall:
+        raise CheckFailed(f"elapsed_time says {ms:.4g} for a matmul chain the host clock timed at {wall:.4g} ms "
+                          f"(host wait included): expected milliseconds within [0.1, 1.5] x that; a figure "
+                          f"1000x off is in seconds or microseconds")
+    if not max(m for m, _ in long_) > short[0]:
+        raise CheckFailed(f"elapsed_time did not grow with the work: 8x the matmuls read {ms:.4g} ms, 1x read "
+                          f"{short[0]:.4g} ms")
+    return (f"elapsed_time {ms:.3f} ms vs {wall:.3f} ms on the host clock for 32 matmuls (milliseconds); "
+            f"{short[0]:.3f} ms for 4")
 
 
 def check_memory_stats(ctx) -> str:
+    """memory_allocated() rises by about an allocation's size while it lives (bytes: at least half of
+    it, at most twice) and falls back by at least half of it when it is freed."""
     import torch
     acc = ctx.acc
     nbytes = 128 * 2 ** 20
@@ -146,15 +171,28 @@ def check_memory_stats(ctx) -> str:
     peak = acc.max_memory_allocated()
     stats = acc.memory_stats()
     del t
-    grew = during - before
+    empty = getattr(acc.runtime, "empty_cache", None)
+    if callable(empty):
+        empty()
+    acc.synchronize()
+    after = acc.memory_allocated()
+    grew, fell = during - before, during - after
     if grew < nbytes // 2:
         raise CheckFailed(f"memory_allocated() went from {before} to {during} bytes (+{grew}) while a "
                           f"{nbytes}-byte tensor was alive; expected it to grow by at least {nbytes // 2}")
+    if grew > 2 * nbytes:
+        raise CheckFailed(f"memory_allocated() grew by {grew} for a {nbytes}-byte tensor: more than twice its size "
+                          f"(not bytes?)")
+    if fell < nbytes // 2:
+        raise CheckFailed(f"memory_allocated() was {during} with a {nbytes}-byte tensor alive and {after} after it "
+                          f"was freed (-{fell}); expected it to fall by at least {nbytes // 2}: a statistic must "
+                          f"follow frees as well as allocations")
     if peak < during:
         raise CheckFailed(f"max_memory_allocated() = {peak} < memory_allocated() = {during}")
     if not isinstance(stats, dict):
         raise CheckFailed(f"memory_stats() returned {type(stats).__name__}, expected a dict")
-    return f"memory_allocated() grew by {grew / 2 ** 20:.0f} MiB for a {nbytes // 2 ** 20} MiB tensor; peak {peak}"
+    return (f"memory_allocated() rose by {grew / 2 ** 20:.0f} MiB for a {nbytes // 2 ** 20} MiB tensor and fell by "
+            f"{fell / 2 ** 20:.0f} MiB when it was freed; peak {peak}")
 
 
 def check_memory_info(ctx) -> str:
@@ -242,8 +280,10 @@ _CHECKS = [
     ("event_wait", "event.synchronize() and stream.wait_event() wait for the recorded work", check_event_wait),
     ("stream_ordering", "a side stream ordered by wait_stream / wait_event sees the producer's result",
      check_stream_ordering),
-    ("event_timing", "elapsed_time of timing events is finite and >= 0", check_event_timing),
-    ("memory_stats", "memory_allocated() grows when memory is allocated; peak >= current", check_memory_stats),
+    ("event_timing", "elapsed_time is in milliseconds: it agrees with the host clock and grows with the work",
+     check_event_timing),
+    ("memory_stats", "memory_allocated() rises by an allocation's bytes and falls when it is freed; peak >= current",
+     check_memory_stats),
     ("memory_info", "get_memory_info() gives 0 <= free <= total", check_memory_info),
     ("pinned_memory", "pin_memory() gives page-locked host memory; async copies round-trip", check_pinned_memory),
     ("rng_determinism", "manual_seed: same seed same numbers, another seed other numbers", check_rng),

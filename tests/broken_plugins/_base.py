@@ -3,8 +3,10 @@
 Each broken plugin claims its own chip name and is *native* (its probe says True, its runtime is a
 `hal.CpuRuntime`), so the HAL calls its hooks as it would a vendor's on real hardware: the
 process group comes from its `hal_create_process_group` (an emulated chip would get the HAL's CPU
-fabric instead, and the bug would never be reached). A process-group bug is injected by wrapping the
-gloo group in `GroupProxy` and overriding one method; a runtime bug by subclassing `CpuRuntime`.
+fabric instead, and the bug would never be reached). The group is gloo (with the HAL's staging of
+strided views), refusing undeclared combinations with `hal.NotSupportedError` as the hookspec asks
+(`TypedRefusals`); a process-group bug is injected by wrapping the gloo group in `GroupProxy` and
+overriding one method; a runtime bug by subclassing `CpuRuntime`.
 
 A broken plugin module says what should catch it (read by tests/test_conformance_broken.py):
     BUG = "what is wrong, in one line"
@@ -17,10 +19,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, Callable, Optional
 
+import torch
 import torch.distributed as dist
 
 import hal
 from hal.emulation import cpu_fabric_capabilities
+from hal.gloo_group import StridedSafeGloo
 
 
 class GroupProxy:
@@ -31,6 +35,60 @@ class GroupProxy:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+_METHOD_COLLECTIVE = {"allreduce": "all_reduce", "reduce": "reduce", "reduce_scatter": "reduce_scatter",
+                      "_reduce_scatter_base": "reduce_scatter_tensor", "broadcast": "broadcast",
+                      "allgather": "all_gather", "_allgather_base": "all_gather_into_tensor",
+                      "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "gather": "gather",
+                      "scatter": "scatter", "send": "send_recv", "recv": "send_recv"}
+
+
+def _first_tensor(args):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+        if isinstance(a, (list, tuple)):
+            t = _first_tensor(a)
+            if t is not None:
+                return t
+    return None
+
+
+def _op_name(opts) -> Optional[str]:
+    op = getattr(opts, "reduceOp", None)
+    if op is None:
+        return None
+    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"):
+        if op == getattr(dist.ReduceOp, name):
+            return name.lower().replace("product", "product")
+    return "premul_sum"
+
+
+class TypedRefusals(GroupProxy):
+    """What a well-behaved vendor plugin does (the hookspec): a combination its capability matrix
+    does not declare raises `hal.NotSupportedError` before it reaches the CCL."""
+
+    def __init__(self, inner: Any, caps: hal.CapabilityMatrix) -> None:
+        super().__init__(inner)
+        self.caps = caps
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self.inner, name)
+        coll = _METHOD_COLLECTIVE.get(name)
+        if coll is None:
+            return fn
+
+        def guarded(*args):
+            t = _first_tensor(args)
+            opts = next((a for a in args if hasattr(a, "reduceOp")), None)
+            op = _op_name(opts) if coll in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor") else None
+            if coll in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor") and op is None:
+                op = "sum"
+            if t is not None:
+                self.caps.check(coll, str(t.dtype).removeprefix("torch."), op)
+            return fn(*args)
+        return guarded
 
 
 class DoneWork:
@@ -59,7 +117,8 @@ def install(namespace: dict, chip: str, bug: str, *,
             wrap_group: Optional[Callable[[Any], Any]] = None,
             capabilities: Optional[hal.CapabilityMatrix] = None,
             profile: Optional[Callable[[], hal.ChipProfile]] = None,
-            kernels: Optional[Callable[[], list]] = None) -> None:
+            kernels: Optional[Callable[[], list]] = None, typed_refusals: bool = True,
+            native: Callable[[], bool] = lambda: True) -> None:
     """Define the hook implementations of a CPU-backed chip `chip` as module globals of `namespace`."""
     spec = hal.ChipSpec(name=chip, vendor="conformance test", torch_device_type="cpu", ccl_backend="gloo",
                         ccl_name="gloo (wrapped)", description=f"deliberately broken: {bug}")
@@ -75,7 +134,7 @@ def install(namespace: dict, chip: str, bug: str, *,
 
     @hal.hookimpl
     def hal_native_available(chip):
-        return chip == spec.name
+        return chip == spec.name and native()
 
     @hal.hookimpl
     def hal_chip_profile(chip, model):
@@ -85,17 +144,22 @@ def install(namespace: dict, chip: str, bug: str, *,
     def hal_device_runtime(chip):
         return runtime()
 
-    @hal.hookimpl
-    def hal_create_process_group(chip, store, rank, world_size, timeout: timedelta):
-        pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
-        return wrap_group(pg) if wrap_group else pg
-
-    @hal.hookimpl
-    def hal_collective_capabilities(chip):
+    def caps() -> hal.CapabilityMatrix:
         if capabilities is not None:
             return capabilities
         gloo = cpu_fabric_capabilities("gloo")
         return hal.CapabilityMatrix(chip=spec.name, entries=gloo.entries, source=f"gloo, wrapped: {gloo.source}")
+
+    @hal.hookimpl
+    def hal_create_process_group(chip, store, rank, world_size, timeout: timedelta):
+        # gloo with the HAL's staging of strided views (torch 2.13's gloo ignores strides)
+        pg = StridedSafeGloo(store, rank, world_size, timeout)
+        pg = wrap_group(pg) if wrap_group else pg
+        return TypedRefusals(pg, caps()) if typed_refusals else pg
+
+    @hal.hookimpl
+    def hal_collective_capabilities(chip):
+        return caps()
 
     hooks = dict(hal_plugin_info=hal_plugin_info, hal_chips=hal_chips, hal_native_available=hal_native_available,
                  hal_chip_profile=hal_chip_profile, hal_device_runtime=hal_device_runtime,

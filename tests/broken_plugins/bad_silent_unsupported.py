@@ -33,4 +33,5 @@ class Group(GroupProxy):
             return DoneWork()
 
 
-install(globals(), "bad_silent_unsupported", BUG, wrap_group=Group)
+# typed_refusals=False: the bug is in how the plugin handles what it does not declare
+install(globals(), "bad_silent_unsupported", BUG, wrap_group=Group, typed_refusals=False)
