@@ -14,6 +14,13 @@ list of the others) are copied back into the caller's tensors when the work comp
 the work's future). Calls whose tensors are all contiguous go straight to gloo and return its work.
 Used wherever the HAL's CPU fabric is gloo (`hal.emulation.create_cpu_process_group`), so the `cpu`
 chip, every emulated chip and a plugin whose CCL is gloo (the `hal new-plugin` template) get it.
+
+It also refuses, before calling gloo, a collective x dtype x reduce op that gloo does not support
+(not in `hal/data/gloo_capabilities.json`, measured by `python -m hal_cpu.measure_capabilities`) with
+`hal.NotSupportedError` naming collective, dtype, op and rank, where gloo itself raises untyped
+RuntimeErrors ("Invalid scalar type", "Cannot use ReduceOp.PREMUL_SUM with Gloo") or fails only at
+`wait()` (AVG on integers): an undeclared combination raises a typed error (the contract of
+`hal_collective_capabilities`). The check is one set lookup per call.
 """
 from __future__ import annotations
 
@@ -22,6 +29,29 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
+
+from .capabilities import reduce_op_name
+from .errors import NotSupportedError
+
+# ProcessGroupGloo method -> collective name of the capability matrix.
+_COLLECTIVE = {
+    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "reduce": "reduce",
+    "broadcast": "broadcast", "allgather": "all_gather", "_allgather_base": "all_gather_into_tensor",
+    "allgather_coalesced": "all_gather", "allgather_into_tensor_coalesced": "all_gather_into_tensor",
+    "gather": "gather", "scatter": "scatter", "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+    "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "send": "send_recv", "recv": "send_recv",
+    "recv_anysource": "send_recv",
+}
+_REDUCING = {"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"}
+_SUPPORTED: set = set()  # filled on first use from hal/data/gloo_capabilities.json
+
+
+def _supported() -> set:
+    if not _SUPPORTED:
+        from .emulation import cpu_fabric_capabilities
+        _SUPPORTED.update(cpu_fabric_capabilities("gloo").entries)
+    return _SUPPORTED
 
 
 def _tensors(arg: Any):
@@ -97,10 +127,29 @@ class _StagedWork(dist.Work):
         return self._inner.get_future().then(done)
 
 
+def _check_supported(pg: "StridedSafeGloo", coll: str, args: tuple) -> None:
+    """Refuse what gloo does not support (see the module docstring) with a typed error."""
+    tensor = next((t for a in args for t in _tensors(a)), None)
+    if tensor is None:
+        return
+    op = "-"
+    if coll in _REDUCING:
+        opts = next((a for a in args if hasattr(a, "reduceOp")), None)
+        op = reduce_op_name(opts.reduceOp.op) if opts is not None else "sum"
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if (coll, dtype, op) not in _supported():
+        what = f"dtype {dtype}" + (f", op {op}" if op != "-" else "")
+        raise NotSupportedError(f"gloo {coll} on rank {pg.rank()} of {pg.size()}: {what} is not supported by torch "
+                                f"{torch.__version__}'s ProcessGroupGloo (hal/data/gloo_capabilities.json, "
+                                f"measured by `python -m hal_cpu.measure_capabilities --backend gloo`)")
+
+
 def _forward(name: str, writes_first: bool = True):
     """A method that calls gloo's `name`, staging non-contiguous tensors (see the module docstring)."""
+    coll = _COLLECTIVE[name]
 
     def method(self: "StridedSafeGloo", *args: Any) -> dist.Work:
+        _check_supported(self, coll, args)
         inner = getattr(self._gloo, name)
         if not _needs_staging(args):
             return inner(*args)

@@ -157,3 +157,31 @@ def _opts(cls, **fields):
     for k, val in fields.items():
         setattr(o, k, val)
     return o
+
+
+def unsupported_combinations_are_refused() -> dict:
+    """What gloo cannot do raises hal.NotSupportedError before reaching gloo; the group still works."""
+    from hal.errors import NotSupportedError
+    pg = _group("gloo")
+    premul = dist._make_nccl_premul_sum(2.0)  # torch's only constructor of a PREMUL_SUM op
+    calls = {
+        "premul_sum": lambda: pg.allreduce([torch.ones(4)], _opts(dist.AllreduceOptions, reduceOp=premul)),
+        "float8": lambda: pg.broadcast([torch.zeros(4, dtype=torch.float8_e4m3fn)],
+                                       _opts(dist.BroadcastOptions, rootRank=0)),
+        "int16_sum": lambda: pg.allreduce([torch.ones(4, dtype=torch.int16)],
+                                          _opts(dist.AllreduceOptions, reduceOp=dist.ReduceOp.SUM)),
+        "int64_avg": lambda: pg._reduce_scatter_base(torch.zeros(2, dtype=torch.int64),
+                                                     torch.ones(2 * pg.size(), dtype=torch.int64),
+                                                     _opts(dist.ReduceScatterOptions, reduceOp=dist.ReduceOp.AVG)),
+    }
+    out = {}
+    for name, call in calls.items():
+        try:
+            call().wait()
+            out[name] = "ran"
+        except NotSupportedError as exc:
+            out[name] = str(exc)
+    t = torch.ones(4)
+    pg.allreduce([t], _opts(dist.AllreduceOptions, reduceOp=dist.ReduceOp.SUM)).wait()
+    out["after"] = t.tolist()
+    return out

@@ -63,3 +63,12 @@ def test_raw_torch_gloo_on_strided_views(pool):
 def test_shm_fabric_fallback_on_strided_views(pool):
     wrong = _wrong(pool.run(cases.strided_collectives, "shm", timeout=120))
     assert wrong == {}, wrong
+
+
+def test_unsupported_combinations_raise_a_typed_error(pool):
+    for rank, res in enumerate(pool.run(cases.unsupported_combinations_are_refused, timeout=60)):
+        assert res["after"] == [2.0] * 4  # the group still works
+        assert res["premul_sum"].startswith(f"gloo all_reduce on rank {rank} of 2: dtype float32, op premul_sum")
+        assert "gloo broadcast" in res["float8"] and "dtype float8_e4m3fn is not supported" in res["float8"]
+        assert "dtype int16, op sum" in res["int16_sum"]
+        assert "gloo reduce_scatter_tensor" in res["int64_avg"] and "op avg" in res["int64_avg"]

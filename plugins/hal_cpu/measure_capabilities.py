@@ -171,6 +171,8 @@ def _opts(cls, rop):
 def _group(rank: int, backend: str, plugin: Optional[str], chip: Optional[str], store) -> tuple:
     """(group, device, command-line flag, details, chip): the CPU fabric, or the plugin's native group."""
     timeout = timedelta(seconds=20)
+    if plugin is None and backend == "gloo":  # torch's own gloo: the HAL's gloo group refuses what this file omits
+        return dist.ProcessGroupGloo(store, rank, WORLD, timeout), torch.device("cpu"), "--backend gloo", "", "cpu"
     if plugin is None:
         from hal.emulation import create_cpu_process_group
         os.environ["HAL_CPU_CCL"] = backend
