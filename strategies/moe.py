@@ -35,11 +35,13 @@ Collectives are bounded by the process group's own timeout (every torch.distribu
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.nn.functional import all_to_all_single
 
 import hal.ops as ops
 from hal.errors import HalError
@@ -99,8 +101,6 @@ def _all_to_all(x: torch.Tensor, out_rows: int, send_splits: list[int], recv_spl
                 group) -> torch.Tensor:
     """Differentiable uneven all_to_all_single of rows (torch.distributed.nn.functional's; its
     backward is the reverse all_to_all)."""
-    from torch.distributed.nn.functional import all_to_all_single
-    import warnings
     out = x.new_empty((out_rows,) + tuple(x.shape[1:]))
     with warnings.catch_warnings():  # torch 2.13 marks it deprecated for compile; eager use is fine
         warnings.simplefilter("ignore", FutureWarning)
@@ -258,7 +258,7 @@ class MoE(nn.Module):
         n_local = len(mine)
         for i, e in enumerate(mine):
             rows = torch.cat([torch.arange(int(offsets[s * n_local + i]), int(offsets[s * n_local + i] + recv_per[s, i]))
-                              for s in range(W)]) if W else torch.empty(0, dtype=torch.long)
+                              for s in range(W)])
             if rows.numel():
                 rows = rows.to(dev)
                 outs = outs.index_copy(0, rows, self.experts[str(e)](received[rows]))
@@ -267,7 +267,7 @@ class MoE(nn.Module):
 
         # load-balancing share of this rank (see module docstring)
         if t_global:
-            f = col.sum(1).to(probs.dtype) / (t_global * k)                  # (E,)
+            f = col.sum(1).to(device=dev, dtype=probs.dtype) / (t_global * k)  # (E,)
             self.aux_loss = E * (f * probs.sum(0)).sum() / t_global
         else:
             self.aux_loss = probs.sum() * 0.0

@@ -29,7 +29,7 @@ STEPS, LR, AUX_COEF = 3, 0.5, 0.1
 _groups: dict = {}
 
 
-def init(backend: str = "hetero", timeout_s: float = 60.0) -> dict:
+def init(backend: str = "hetero", timeout_s: float = 120.0) -> dict:
     """Join the default group once per worker; report this rank's chip."""
     import hal
     import ccl_bridge  # noqa: F401 - registers the backend
@@ -46,7 +46,7 @@ def subgroup(ranks: tuple, role: str = "ep") -> dist.ProcessGroup:
     MoE all_to_alls in backward may be issued in a different order on different ranks)."""
     key = (tuple(ranks), role)
     if key not in _groups:
-        _groups[key] = dist.new_group(list(ranks), backend="hetero", timeout=timedelta(seconds=60))
+        _groups[key] = dist.new_group(list(ranks), backend="hetero", timeout=timedelta(seconds=120))
     return _groups[key]
 
 
@@ -128,13 +128,12 @@ def _sum_hook(group):
     return hook
 
 
-def train_ep(ranks: tuple, placement: list, rows: list, capacity_factor, dp_role: str = "dp") -> dict:
-    """EP (and DP of the dense params) over hetero subgroup `ranks`; this rank feeds `rows[ep_rank]` rows.
-    `dp_role="ep"` would put DDP on the EP group object itself (see strategies/expert_parallel.py)."""
+def train_ep(ranks: tuple, placement: list, rows: list, capacity_factor) -> dict:
+    """EP (and DP of the dense params) over hetero subgroup `ranks`; this rank feeds `rows[ep_rank]` rows."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from strategies.expert_parallel import apply_ep, ddp_ignore_experts, moe_layers
-    group, dp_group = subgroup(ranks, "ep"), subgroup(ranks, dp_role)
+    group, dp_group = subgroup(ranks, "ep"), subgroup(ranks, "dp")
     if dist.get_rank() not in ranks:
         return {"member": False}
     me = dist.get_rank(group)

@@ -25,7 +25,7 @@ STEPS, GLOBAL_BATCH, LR = 3, 4, 1.0
 _groups: dict = {}
 
 
-def init(timeout_s: float = 60.0) -> dict:
+def init(timeout_s: float = 120.0) -> dict:
     import hal
     import ccl_bridge  # noqa: F401 - registers the backend
     if not dist.is_initialized():
@@ -41,7 +41,7 @@ def groups_of(partition: list) -> dist.ProcessGroup:
     for ranks in partition:
         key = tuple(ranks)
         if key not in _groups:
-            _groups[key] = dist.new_group(list(ranks), backend="hetero", timeout=timedelta(seconds=60))
+            _groups[key] = dist.new_group(list(ranks), backend="hetero", timeout=timedelta(seconds=120))
         if dist.get_rank() in ranks:
             mine = _groups[key]
     return mine
@@ -110,4 +110,28 @@ def tp_error(partition: list, with_topology: bool, kind: str = "dense", heads: i
         apply_tp(build_gpt(cfg, MODEL_SEED), group, topology=topo)
     except Exception as exc:
         return type(exc).__name__, str(exc)
+    return None
+
+
+def probe_refusal(partition: list):
+    """probe_kernels with the bound hal.ops.linear swapped for one that refuses DTensors (as a vendor
+    custom op without a DTensor sharding rule does): the typed error, or None if nothing was raised."""
+    import hal.ops as ops
+    from torch.distributed.tensor import DTensor
+    from strategies.tensor_parallel import TensorParallelError, probe_kernels, tp_mesh
+    mesh = tp_mesh(groups_of(partition))
+    probe_kernels(mesh)  # the emulated chip's own kernels accept DTensors
+    bound = ops._linear
+
+    def picky(x, weight, bias=None):
+        if isinstance(x, DTensor) or isinstance(weight, DTensor):
+            raise RuntimeError("Operator vendor::fused_linear does not have a sharding strategy registered")
+        return bound(x, weight, bias)
+    ops._linear = picky  # the module global the ops.linear forwarder reads
+    try:
+        probe_kernels(mesh)
+    except TensorParallelError as exc:
+        return str(exc)
+    finally:
+        ops._linear = bound
     return None
