@@ -186,8 +186,10 @@ def _sum_grads(modules: dict[int, nn.Module], mesh: HeteroMesh, skip: set[int]) 
             continue
         grads = []
         for p in m.parameters():
-            if id(p) in skip or p.grad is None:
+            if id(p) in skip:
                 continue
+            if p.grad is None:  # keep every rank's flat layout the same: a missing gradient is zero
+                p.grad = torch.zeros_like(p)
             grads.append(p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad)
         if not grads:
             continue
@@ -224,16 +226,17 @@ def apply_plan(model: nn.Module, plan: Any, topology: Any = None, *, runtime: st
         mod = StageModule(model, tuple(st.layers), s == 0, s == S - 1, st.recompute, aux_coef, 1.0 / M)
         grid = mesh.grids[s]
         if grid.tp > 1:
-            _apply_tp(mod, mesh.device_mesh(s)["tp"])
+            _apply_tp(mod, mesh, s, plan.zero)
         if grid.experts is not None:
             expert_ids |= _apply_ep(mod, mesh, s)
-        modules[s] = _apply_dp(mod, plan.zero, mesh, s, expert_ids)
+        modules[s] = _apply_dp(mod, plan.zero, mesh, s, grid.experts is not None, ddp=not use_torch)
     loss = TokenLoss()
     feature = (cfg.seq, getattr(cfg, "hidden", None) or cfg.dim) if cfg is not None else None
     if not modules:
         rt = None
     elif use_torch:
-        rt = TorchPipeline(modules, mesh, loss, M, plan.schedule, device, timeout)
+        rt = TorchPipeline(modules, mesh, loss, M, plan.schedule, device, timeout,
+                           examples=lambda s: _examples(mesh, s, cfg, device))
     else:
         if len(modules) != 1:
             raise PipelineError(f"rank {mesh.rank} hosts stages {sorted(modules)}; several stages per rank "
@@ -247,32 +250,100 @@ def apply_plan(model: nn.Module, plan: Any, topology: Any = None, *, runtime: st
     return AppliedPlan(mesh, modules, rt, loss, plan, grad_sync)
 
 
+def _examples(mesh: HeteroMesh, s: int, cfg: Any, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One micro-batch's input and output of stage s on this rank: ids (rows, seq) int64 into stage 0,
+    activations (rows, seq, hidden) between stages, logits (rows, seq, vocab) out of the last."""
+    lo, hi = mesh.role(s).rows
+    hidden = getattr(cfg, "hidden", None) or cfg.dim
+    def act():  # requires_grad: torch sends a gradient back only for inputs that require one
+        return torch.empty(hi - lo, cfg.seq, hidden, device=device, requires_grad=True)
+    ins = torch.zeros(hi - lo, cfg.seq, dtype=torch.int64, device=device) if s == 0 else act()
+    outs = torch.empty(hi - lo, cfg.seq, cfg.vocab, device=device) if s == mesh.num_stages - 1 else act()
+    return ins, outs
+
+
 def _is_wrapped(m: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
     from torch.nn.parallel import DistributedDataParallel
     return isinstance(m, (DistributedDataParallel, FSDPModule))
 
 
-def _apply_tp(mod: StageModule, tp_mesh) -> None:
-    from strategies import tensor_parallel
-    for block in mod.blocks.values():
-        tensor_parallel.parallelize_block(block, tp_mesh)
+def _apply_tp(mod: StageModule, mesh: HeteroMesh, s: int, zero: int) -> None:
+    """H4's tensor parallel (strategies.tensor_parallel) on the stage's blocks over its TP group.
+
+    With FSDP2 on top (zero 2/3), torch 2.13's FSDP2 concatenates the DP and TP meshes and needs both
+    cut from ONE parent mesh (fsdp/_fully_shard/_fsdp_param.py, DeviceMesh._concatenate): then the
+    stage's 2-D ("dp", "tp") mesh from HeteroMesh is used, through apply_tp's `mesh` argument when it
+    has one, else by applying H4's per-block plan (block_plan) on mesh["tp"] here."""
+    import inspect
+
+    from strategies import tensor_parallel as tpm
+    group = mesh.tp_group(s)
+    if zero == 0:
+        tpm.apply_tp(mod, group, device_type=mesh.device_type)
+        return
+    sub = mesh.device_mesh(s)["tp"]
+    if "mesh" in inspect.signature(tpm.apply_tp).parameters:
+        tpm.apply_tp(mod, group, mesh=sub)
+        return
+    from torch.distributed.tensor.parallel import parallelize_module
+    tpm.check_tp_group(group)
+    blocks = list(mod.blocks.values())
+    seq, tp = mod_seq(mod), sub.size()
+    if seq is not None and seq % tp:
+        raise tpm.TensorParallelError(f"sequence parallel: seq = {seq} does not divide by TP degree {tp}")
+    for i, block in enumerate(blocks):
+        parallelize_module(block, sub, tpm.block_plan(block, True, first=i == 0, last=i == len(blocks) - 1))
+
+
+def mod_seq(mod: StageModule):
+    return mod.rope_cos.shape[0] if mod.rope else None
 
 
 def _apply_ep(mod: StageModule, mesh: HeteroMesh, s: int) -> set[int]:
-    """EP over the stage's DP group at this TP index; the plan lists experts per replica (replica
-    order), the group orders ranks ascending, so the placement is put in group-rank order."""
+    """EP over the stage's DP group at this TP index (H4's apply_ep); the plan lists experts per
+    replica (replica order), the group orders ranks ascending, so the placement is put in group-rank
+    order. Returns the ids of the expert parameters kept here."""
     from strategies.expert_parallel import apply_ep
     grid = mesh.grids[s]
-    t = mesh.role(s).tp_index
-    ranks = grid.dp_ranks(t)
-    order = sorted(range(grid.dp), key=lambda j: ranks[j])
-    placement = [grid.experts[j] for j in order]
+    ranks = grid.dp_ranks(mesh.role(s).tp_index)
+    placement = [grid.experts[j] for j in sorted(range(grid.dp), key=lambda j: ranks[j])]
     names = set(apply_ep(mod, mesh.dp_group(s), placement))
     return {id(p) for n, p in mod.named_parameters() if n in names}
 
 
-def _apply_dp(mod: StageModule, zero: int, mesh: HeteroMesh, s: int, expert_ids: set[int]) -> nn.Module:
+def _apply_dp(mod: StageModule, zero: int, mesh: HeteroMesh, s: int, has_experts: bool,
+              ddp: bool = True) -> nn.Module:
+    """H2's data parallel for one stage over its DP group, gradients SUMMED (no averaging):
+    zero 0 -> DDP (wrap_ddp, sum_gradients) where DDP can take the parameters (not TP DTensors; a
+    TP stage, or a 1-replica stage, stays plain and `_sum_grads` reduces it after the step);
+    zero 2/3 -> FSDP2 (shard_fsdp2; each block one unit). Expert parameters are left out of both.
+    `ddp=False` (torch's schedules): torch 2.13's zero-bubble schedules compute weight gradients with
+    autograd.grad (pipelining/_backward.py, stage_backward_weight), which DDP's reducer hooks do not
+    see, so replicas diverged; there the stage stays plain and `_sum_grads` reduces after the step."""
+    from strategies.data_parallel import wrap_ddp
+    from strategies.sharded_data_parallel import disable_gradient_division, shard_fsdp2
+    grid = mesh.grids[s]
+    group = mesh.dp_group(s)
     if zero == 0:
-        return mod  # gradients SUM-reduced after the pipeline step by _sum_grads
-    raise MeshError(f"plan.zero = {zero}: FSDP2 stages are not wired into apply_plan yet")
+        if grid.tp > 1 or grid.dp == 1 or not ddp:
+            return mod
+        if has_experts:
+            from strategies.expert_parallel import ddp_ignore_experts
+            ddp_ignore_experts(mod)
+        return wrap_ddp(mod, group, bucket_cap_mb=1.0, sum_gradients=True)
+    if grid.tp > 1:
+        dmesh = mesh.device_mesh(s)["dp"]
+    else:
+        from torch.distributed.device_mesh import DeviceMesh
+        dmesh = DeviceMesh.from_group(group, mesh.device_type)
+    if not has_experts:
+        return shard_fsdp2(mod, mod.blocks.values(), dmesh, zero=zero, sum_gradients=True)
+    from torch.distributed.fsdp import fully_shard
+
+    from strategies.expert_parallel import expert_params
+    for block in mod.blocks.values():
+        fully_shard(block, mesh=dmesh, reshard_after_forward=zero == 3, ignored_params=expert_params(block))
+    fully_shard(mod, mesh=dmesh, ignored_params=expert_params(mod))
+    disable_gradient_division(mod)
+    return mod

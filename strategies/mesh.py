@@ -117,9 +117,12 @@ class HeteroMesh:
     """Every group a Plan needs, for this rank; construct it on every rank of the world (collective)."""
 
     def __init__(self, plan: Any, group: Optional[dist.ProcessGroup] = None,
-                 timeout: Optional[timedelta] = None, device_type: str = "cpu") -> None:
+                 timeout: Optional[timedelta] = None, device_type: Optional[str] = None) -> None:
         self.plan = plan
         self.grids = grids_from_plan(plan)
+        if device_type is None:
+            import hal
+            device_type = hal.accelerator().device_type
         self.device_type = device_type
         self.world = group or dist.group.WORLD
         self.rank = dist.get_rank()

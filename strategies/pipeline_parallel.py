@@ -248,11 +248,13 @@ class TorchPipeline:
     """torch.distributed.pipelining on this rank's chain (equal DP/TP degree in every stage).
 
     `modules` maps each plan stage this rank hosts to its module (several for interleaved and
-    zero-bubble schedules)."""
+    zero-bubble schedules); `examples(stage)` gives (input, output) tensors of one micro-batch's shape
+    and dtype for that stage (static metadata, no inference pass)."""
 
     def __init__(self, modules: dict[int, nn.Module], mesh: HeteroMesh, loss_fn: Callable,
                  num_microbatches: int, schedule: str = "1F1B", device: Optional[torch.device] = None,
-                 timeout: Optional[timedelta] = None) -> None:
+                 timeout: Optional[timedelta] = None,
+                 examples: Optional[Callable[[int], tuple[torch.Tensor, torch.Tensor]]] = None) -> None:
         if schedule not in TORCH_SCHEDULES:
             raise PipelineError(f"TorchPipeline: schedule={schedule!r}; expected one of {list(TORCH_SCHEDULES)}")
         cls, multi, style = TORCH_SCHEDULES[schedule]
@@ -275,7 +277,11 @@ class TorchPipeline:
         dev = device or torch.device("cpu")
         self.stages = []
         for s in sorted(modules):
-            st = PipelineStage(modules[s], s, S, dev, group=group)
+            # static metadata: torch 2.13's dynamic inference runs a real forward/backward on the
+            # first step and clears the stray gradients only for FSDP modules (stage.py,
+            # _post_metadata_inference_cleanup), so a plain or DDP stage would count one micro-batch twice
+            ins, outs = examples(s) if examples is not None else (None, None)
+            st = PipelineStage(modules[s], s, S, dev, input_args=ins, output_args=outs, group=group)
             st.stage_index_to_group_rank = {i: ranks.index(r) for i, r in enumerate(chain)}
             self.stages.append(st)
         self.is_first = any(st.is_first for st in self.stages)

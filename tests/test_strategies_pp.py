@@ -69,7 +69,8 @@ def check(results, plan_json: str, expect_runtime: str) -> None:
             assert r["runtime"] == expect_runtime, r["runtime"]
         for name, t in r["params"].items():
             if name in held:  # DP replicas of one stage must agree exactly (same summed gradient)
-                assert (held[name] - t).abs().max().item() == 0.0, f"replicas disagree on {name}"
+                gap = (held[name] - t).abs().max().item()
+                assert gap == 0.0, f"replicas disagree on {name} by {gap} (rank {r['rank']})"
             held[name] = t
     assert sorted(held) == sorted(ref["params"]), "the stages together must hold the whole model"
     diffs = {n: (held[n] - ref["params"][n]).abs().max().item() for n in held}
@@ -97,3 +98,22 @@ LAYOUTS = {
 def test_uneven_pipeline_matches_single_process(pool, layout, schedule):
     pj = plan(LAYOUTS[layout], num_microbatches=3, schedule=schedule)
     check(pool.run(cases.train_plan, pj, timeout=180), pj, "HeteroPipeline")
+
+
+# equal chains (every stage: 2 replicas taking 3 and 1 rows, TP 1): torch.distributed.pipelining's own
+# schedules, one chain group per replica index; cuda ranks 0,1 and kunlun ranks 3,4 alternate stages
+CHAINS = {
+    "1F1B": [((0, 2), [((0,), 3), ((1,), 1)]), ((2, 4), [((3,), 3), ((4,), 1)])],
+    # looped: stage i on chain rank i % 2 (0,3,0,3 and 1,4,1,4)
+    "Interleaved1F1B": [((0, 1), [((0,), 3), ((1,), 1)]), ((1, 2), [((3,), 3), ((4,), 1)]),
+                        ((2, 3), [((0,), 3), ((1,), 1)]), ((3, 4), [((3,), 3), ((4,), 1)])],
+    # V order: stages 0 and 3 on the cuda ranks, 1 and 2 on the kunlun ranks
+    "ZBVZeroBubble": [((0, 1), [((0,), 3), ((1,), 1)]), ((1, 2), [((3,), 3), ((4,), 1)]),
+                      ((2, 3), [((3,), 3), ((4,), 1)]), ((3, 4), [((0,), 3), ((1,), 1)])],
+}
+
+
+@pytest.mark.parametrize("schedule", list(CHAINS))
+def test_torch_schedules_on_equal_chains(pool, schedule):
+    pj = plan(CHAINS[schedule], num_microbatches=4, schedule=schedule)
+    check(pool.run(cases.train_plan, pj, runtime="torch", timeout=180), pj, "TorchPipeline")
