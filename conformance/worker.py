@@ -67,7 +67,7 @@ class WorkerContext:
         prefix = _next_prefix("ccl")
         timeout = timedelta(seconds=timeout_s if timeout_s is not None else self.spec.group_timeout_s)
         return self.acc.new_process_group(dist.PrefixStore(prefix, _store()), self.rank, self.world_size,
-                                          timeout)
+                                          timeout, global_ranks=list(range(self.world_size)), group_name=prefix)
 
     def ccl(self, world: Optional[int] = None) -> Any:
         """The chip's CCL group over ranks 0 .. `world` - 1 (default: every rank of the pool), built on
@@ -82,7 +82,8 @@ class WorkerContext:
             self._ccl[w] = None
             if self.rank < w:
                 timeout = timedelta(seconds=self.spec.group_timeout_s)
-                self._ccl[w] = self.acc.new_process_group(dist.PrefixStore(prefix, _store()), self.rank, w, timeout)
+                self._ccl[w] = self.acc.new_process_group(dist.PrefixStore(prefix, _store()), self.rank, w, timeout,
+                                                          global_ranks=list(range(w)), group_name=prefix)
         return self._ccl[w]
 
     def hetero(self) -> Any:
