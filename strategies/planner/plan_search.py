@@ -83,7 +83,7 @@ class SearchResult:
 def _tp_options(facts: Sequence[ChipFacts], model: ModelFacts, max_tp: int = 8) -> list[int]:
     out = []
     for t in (1, 2, 4, 8, 16):
-        if t > max_tp or model.heads % t or model.ffn % t:
+        if t > max_tp or model.heads % t or model.ffn % t or model.seq % t:   # seq: sequence parallel
             continue
         if all(f.ranks_per_node % t == 0 and f.size % t == 0 for f in facts):
             out.append(t)
