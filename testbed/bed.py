@@ -322,10 +322,10 @@ class Testbed:
                 self._need_qdisc("netem", "a delay")
             if shape.rate_bps:
                 rate = int(shape.rate_bps)
-                # burst: at least one 64 KiB GSO segment and 4 ms of line rate; queue: 100 ms of line rate
+                # burst: at least one 64 KiB GSO segment and 4 ms of line rate; queue: queue_ms of line rate
                 burst = max(65536 + 1514, rate // 8 // 250)
                 _sh(["tc", "-n", where, "qdisc", "add", "dev", d, "root", "tbf", "rate", f"{rate}bit",
-                     "burst", str(burst), "latency", "100ms"], f"tbf on {where}/{d}")
+                     "burst", str(burst), "latency", f"{shape.queue_ms:g}ms"], f"tbf on {where}/{d}")
         # Loss rules are per NIC: replace this NIC's pair, keep the others'
         self._loss_rules(host, nic, shape.loss)
 
@@ -392,7 +392,7 @@ class Testbed:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         state = {"name": self.name, "owner_pid": os.getpid(), "persistent": self.persistent, "up": self.is_up,
                  "ranks": list(self.spec.ranks), "subnet": self.spec.subnet, "chips": list(self.spec.chips),
-                 "links": [[[s.rate_bps, s.delay_ms, s.loss] for s in l] for l in self.spec.links],
+                 "links": [[[s.rate_bps, s.delay_ms, s.loss, s.queue_ms] for s in l] for l in self.spec.links],
                  "shm_size": self.spec.shm_size, "init_pids": self.init_pids}
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
@@ -406,7 +406,8 @@ class Testbed:
             state = json.loads(path.read_text())
         except FileNotFoundError:
             raise TestbedSetupError(f"no test bed {name!r} (no {path}); beds up: {list_beds() or 'none'}") from None
-        links = tuple(tuple(LinkShape(rate_bps=r, delay_ms=d, loss=l) for r, d, l in hl) for hl in state["links"])
+        links = tuple(tuple(LinkShape(rate_bps=r, delay_ms=d, loss=l, queue_ms=q) for r, d, l, q in hl)
+                      for hl in state["links"])
         bed = cls(BedSpec(ranks=tuple(state["ranks"]), links=links, subnet=state["subnet"],
                           chips=tuple(state.get("chips", ())), shm_size=state["shm_size"]),
                   name=state["name"], persistent=state["persistent"])

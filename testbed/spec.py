@@ -63,6 +63,7 @@ class LinkShape:
     rate_bps: Optional[float] = None
     delay_ms: float = 0.0
     loss: float = 0.0
+    queue_ms: float = 100.0   # tbf queue: the longest a packet waits behind the rate limit before a drop
 
     def __post_init__(self):
         if self.rate_bps is not None and self.rate_bps < 8e3:
@@ -71,6 +72,8 @@ class LinkShape:
             raise TestbedSpecError(f"loss={self.loss}: a fraction in [0, 1), e.g. 0.05 for 5%")
         if self.delay_ms < 0:
             raise TestbedSpecError(f"delay_ms={self.delay_ms}: must be >= 0")
+        if not 1.0 <= self.queue_ms <= 1000.0:
+            raise TestbedSpecError(f"queue_ms={self.queue_ms}: between 1 and 1000 ms")
 
     def describe(self) -> str:
         parts = [f"{self.rate_bps / 1e6:g} Mb/s" if self.rate_bps else "unshaped"]
@@ -109,8 +112,8 @@ class BedSpec:
 
     @classmethod
     def of(cls, ranks: Sequence[int], rate: Union[None, float, str] = None, loss: float = 0.0,
-           delay_ms: float = 0.0, chips: Sequence[str] = (), **kw) -> "BedSpec":
-        shape = LinkShape(rate_bps=parse_rate(rate), loss=loss, delay_ms=delay_ms)
+           delay_ms: float = 0.0, chips: Sequence[str] = (), queue_ms: float = 100.0, **kw) -> "BedSpec":
+        shape = LinkShape(rate_bps=parse_rate(rate), loss=loss, delay_ms=delay_ms, queue_ms=queue_ms)
         return cls(ranks=tuple(ranks), links=tuple(tuple(shape for _ in range(n)) for n in ranks),
                    chips=tuple(chips), **kw)
 
