@@ -310,10 +310,16 @@ class Ccl:
     @_guarded
     def all_to_all_single(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
                           in_splits: list[int]) -> Handle:
-        """Flat 1-D `out`/`inp`; splits in elements (uneven allowed)."""
+        """Flat 1-D `out`/`inp`; splits in elements (uneven allowed). Strided views (a caller's
+        `x[::2]`) go through contiguous copies: the byte views of the `bits:` and p2p routes need
+        unit stride."""
         if self.size == 1:
             out.copy_(inp)
             return DONE
+        if not (inp.is_contiguous() and out.is_contiguous()):
+            co = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+            h = self.all_to_all_single(co, inp.contiguous(), out_splits, in_splits)
+            return Handle([h], lambda: out.copy_(co), self._stage("all_to_all"))
         r = self.route("all_to_all_single", inp.dtype)
         stage = self._stage("all_to_all")
         opts = c10d.AllToAllOptions()
