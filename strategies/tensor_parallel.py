@@ -35,7 +35,7 @@ apply_tp checks the model's seq and a pre-hook checks every input, with the numb
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 import torch.distributed as dist
