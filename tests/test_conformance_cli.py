@@ -47,8 +47,9 @@ def passes(ctx):
 def _report(emulated=False):
     results = [CheckResult("contract.registers", "contract", "passed", "ok", 0.01),
                CheckResult("ops.rms_norm.float32", "ops", "failed", "expected |err| <= 1e-5, got 4.7 <b>", 0.2),
-               CheckResult("bridge.hetero_group", "bridge", "skipped", "ccl_bridge not available", 0.0)]
-    return Report(plugin="acme", chip="acme", emulated=emulated, levels=["contract", "ops", "bridge"],
+               CheckResult("bridge.hetero_group", "bridge", "skipped", "ccl_bridge not available", 0.0),
+               CheckResult("errors.op_wrong_device", "errors", "not_applicable", "host tensors", 0.0)]
+    return Report(plugin="acme", chip="acme", emulated=emulated, levels=["contract", "ops", "bridge", "errors"],
                   results=results, seconds=1.5)
 
 
@@ -64,7 +65,7 @@ def test_levels_and_selection():
 
 def test_json_markdown_html_junit_formats(tmp_path):
     r = _report(emulated=True)
-    assert r.summary == {"passed": 1, "failed": 1, "skipped": 1} and not r.ok
+    assert r.summary == {"passed": 1, "failed": 1, "skipped": 1, "not_applicable": 1} and not r.ok
     r.write_json(tmp_path / "r.json")
     data = json.loads((tmp_path / "r.json").read_text())
     assert list(data) == ["schema_version", "plugin", "chip", "emulated", "levels", "checks", "summary",
@@ -72,13 +73,15 @@ def test_json_markdown_html_junit_formats(tmp_path):
     assert set(data["checks"][0]) == {"id", "level", "status", "message", "duration_s"}
     assert data["emulated"] is True and data["efficiency_matrix"] is None
     md = r.markdown()
-    assert "EMULATED" in md and "| level | passed | failed | skipped |" in md
-    assert md.index("## Failures") < md.index("## Skipped") < md.index("## Passed")
+    assert "EMULATED" in md and "| level | passed | failed | skipped | not applicable |" in md
+    assert md.index("## Failures") < md.index("## Skipped") < md.index("## Not applicable") < md.index("## Passed")
     html = r.html()
     assert "&lt;b&gt;" in html and "<b>FAILED</b>" in html
     assert html.index("ops.rms_norm.float32") < html.index("contract.registers")  # failures first
     suite = ET.fromstring(r.junit_xml()).find("testsuite")
-    assert suite.get("tests") == "3" and suite.get("failures") == "1" and suite.get("skipped") == "1"
+    assert suite.get("tests") == "4" and suite.get("failures") == "1" and suite.get("skipped") == "2"
+    na = [c for c in suite if c.find("skipped") is not None and c.find("skipped").get("type") == "not_applicable"]
+    assert [c.get("name") for c in na] == ["errors.op_wrong_device"]
     failed = [c for c in suite if c.find("failure") is not None]
     assert [c.get("name") for c in failed] == ["ops.rms_norm.float32"]
 
@@ -105,7 +108,8 @@ def test_cli_passes_and_writes_every_report(tmp_path, capsys):
     rc = hal_main(["conformance", "--plugin", "cpu", "--level", "contract", "--json", str(out["json"]),
                    "--report", str(out["md"]), "--junitxml", str(out["xml"])])
     assert rc == 0, capsys.readouterr().out
-    assert json.loads(out["json"].read_text())["summary"] == {"passed": 11, "failed": 0, "skipped": 0}
+    assert json.loads(out["json"].read_text())["summary"] == {"passed": 11, "failed": 0, "skipped": 0,
+                                                              "not_applicable": 0}
     assert "PASSED" in out["md"].read_text()
     assert ET.parse(out["xml"]).getroot().find("testsuite").get("failures") == "0"
     assert hal_main(["conformance", "--plugin", "cpu", "--level", "contract", "-k", "profile",
@@ -191,7 +195,7 @@ class _StubPool:
 
     def run(self, fn, *args, **kwargs):
         from hal.testing import Outcome
-        if fn.__name__ == "prepare":
+        if fn.__name__ in ("prepare", "ping"):
             return []
         if self.behaviour == "hang":
             raise TimeoutError("killed")
@@ -208,9 +212,9 @@ class _StubHandle(PoolHandle):
         super().__init__(1)
         self.behaviours = list(behaviours)
 
-    def get(self):
+    def get(self, size=None):
         if self._pool is None:
-            self._pool = _StubPool(self.behaviours.pop(0))
+            self._pools[self.nproc] = _StubPool(self.behaviours.pop(0))
             self.starts += 1
         return self._pool
 
@@ -246,7 +250,19 @@ def test_rank_results_are_merged_naming_the_ranks():
 
     runner = Runner(load_target("cpu", nproc=2), pool=PoolHandle(2))  # the pool is never started here
     check = Check("collectives.x", "collectives", "", passes, where="all")
-    res = runner._merge(check, [O(0, "passed", "fine"), O(1, "failed", "expected 1, got 2")], 0.1)
+    res = runner._merge(check, [O(0, "passed", "fine"), O(1, "failed", "expected 1, got 2")], 0.1, 2)
     assert res.status == "failed" and res.message == "rank 1: expected 1, got 2"
-    res = runner._merge(check, [O(0, "passed", "same"), O(1, "passed", "same")], 0.1)
+    res = runner._merge(check, [O(0, "passed", "same"), O(1, "passed", "same")], 0.1, 2)
     assert res.status == "passed" and res.message == "same"
+
+
+def test_not_applicable_does_not_fail_a_strict_run(tmp_path, capsys):
+    """A host-device chip has no second device and no device index to get wrong: those checks are
+    not applicable (not skipped), so a --fail-on-skip run still passes (issue 17, item 6)."""
+    path = tmp_path / "r.json"
+    rc = hal_main(["conformance", "--plugin", "cpu", "--level", "errors", "-k", "op_wrong_device", "-k",
+                   "device_index_out_of_range", "--nproc", "2", "--fail-on-skip", "--json", str(path)])
+    assert rc == 0, capsys.readouterr().out
+    data = json.loads(path.read_text())
+    assert [c["status"] for c in data["checks"]] == ["not_applicable", "not_applicable"]
+    assert data["summary"]["skipped"] == 0 and data["summary"]["not_applicable"] == 2
