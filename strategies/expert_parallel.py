@@ -17,11 +17,13 @@ expert, and back. Gradients then split in two kinds:
   is exactly the single-process gradient on the global batch.
 - every other parameter (attention, norms, router, embedding, head) is replicated across the DP group
   and SUM-reduced there as usual (the DP wrapper's own averaging switched off, per the contract).
-The EP group must be a separate ProcessGroup OBJECT from the DP group, even over the same ranks
-(strategies/mesh.py creates both): DDP's bucket all_reduces fire from autograd hooks, and where they
-fall relative to the MoE layers' backward all_to_alls can differ between ranks (a rank hosting fewer
-experts has a smaller graph); on one communicator that pairs an all_reduce with an all_to_all and
-hangs until the group's timeout. Two communicators keep each stream of collectives in order.
+The EP group may be the DP group object itself or a second group over the same ranks. Both work
+here: with one group the DDP bucket all_reduces and the MoE all_to_alls share one sequence of
+collectives, which must then be issued in the same order on every rank. Observed: the parity cases
+pass with one group on 2+2, 3+1, 2+1+1 and 3+2+1 (DDP); our reading is that autograd runs ready nodes
+in reverse creation order, which places the all_to_all backward nodes alike on every rank even when
+ranks host different numbers of experts. A separate group removes that dependence on autograd's
+scheduling, and is what the tests use.
 With TP > 1 each TP index has its own EP group; the MoE layer is not TP-sharded (the MoE input is the
 full, TP-replicated activation), so the TP ranks of a replica run the same expert work on the same
 tokens and hold identical expert gradients: nothing to reduce across TP either.

@@ -8,8 +8,9 @@ DP group, training_contract.md) with expert parameters ignored by DDP. Every ran
 it holds with a single-process run of the full model on the same global batch, computed right here.
 
 Loss convention (training_contract.md): rank loss = CE summed over its tokens / GLOBAL token count +
-coef * its aux-loss share; DDP's averaging is replaced by a SUM comm hook, so the summed gradient is the
-gradient of the single-process loss mean-CE + coef * aux. SGD, not Adam: Adam is invariant to the
+coef * its aux-loss share; DDP's averaging is replaced by a SUM comm hook (strategies.data_parallel
+wrap_ddp(sum_gradients=True)), FSDP2's by strategies.sharded_data_parallel.disable_gradient_division,
+so the summed gradient is the gradient of the single-process loss mean-CE + coef * aux. SGD, not Adam: Adam is invariant to the
 gradient's scale and would hide a doubled or halved reduction.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 import hal.ops as ops
 
@@ -42,8 +44,7 @@ def init(backend: str = "hetero", timeout_s: float = 120.0) -> dict:
 
 def subgroup(ranks: tuple, role: str = "ep") -> dist.ProcessGroup:
     """A hetero new_group of `ranks` for `role` (every world rank calls it; cached). EP and DP get
-    separate group objects over the same ranks (see strategies/expert_parallel.py: DDP's hooks and the
-    MoE all_to_alls in backward may be issued in a different order on different ranks)."""
+    separate group objects over the same ranks (see strategies/expert_parallel.py)."""
     key = (tuple(ranks), role)
     if key not in _groups:
         _groups[key] = dist.new_group(list(ranks), backend="hetero", timeout=timedelta(seconds=120))
@@ -121,17 +122,26 @@ def reference(capacity_factor, global_batch: int):
     return {n: p.detach().clone() for n, p in model.named_parameters()}, init_state, losses, drops
 
 
-def _sum_hook(group):
-    def hook(state, bucket):
-        fut = dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future()
-        return fut.then(lambda f: f.value()[0])
-    return hook
+def _fsdp2_but_experts(model, dp_group):
+    """FSDP2 (ZeRO-3) over the DP group on every block and the root, expert parameters ignored
+    (each lives once in the EP group), gradients SUMMED."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    from strategies.expert_parallel import expert_params
+    from strategies.sharded_data_parallel import disable_gradient_division
+    mesh = DeviceMesh.from_group(dp_group, "cpu")
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, ignored_params=expert_params(block))
+    fully_shard(model, mesh=mesh, ignored_params=expert_params(model))
+    disable_gradient_division(model)
+    return model
 
 
-def train_ep(ranks: tuple, placement: list, rows: list, capacity_factor) -> dict:
-    """EP (and DP of the dense params) over hetero subgroup `ranks`; this rank feeds `rows[ep_rank]` rows."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
+def train_ep(ranks: tuple, placement: list, rows: list, capacity_factor, dp: str = "ddp") -> dict:
+    """EP (and DP of the dense params: torch DDP, or FSDP2 with dp="fsdp2") over hetero subgroup
+    `ranks`; this rank feeds `rows[ep_rank]` rows."""
+    from strategies.data_parallel import wrap_ddp
     from strategies.expert_parallel import apply_ep, ddp_ignore_experts, moe_layers
     group, dp_group = subgroup(ranks, "ep"), subgroup(ranks, "dp")
     if dist.get_rank() not in ranks:
@@ -139,9 +149,11 @@ def train_ep(ranks: tuple, placement: list, rows: list, capacity_factor) -> dict
     me = dist.get_rank(group)
     model = build(capacity_factor)
     kept = apply_ep(model, group, placement)
-    ignored = ddp_ignore_experts(model)
-    ddp = DDP(model, process_group=dp_group, bucket_cap_mb=0.01)
-    ddp.register_comm_hook(None, _sum_hook(dp_group))
+    if dp == "ddp":
+        ignored = ddp_ignore_experts(model)
+        ddp = wrap_ddp(model, dp_group, bucket_cap_mb=0.01, sum_gradients=True)  # H2's DDP, SUM hook
+    else:
+        ddp, ignored = _fsdp2_but_experts(model, dp_group), sorted(kept)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     gb = sum(rows)
     data = batches(gb)
@@ -158,7 +170,7 @@ def train_ep(ranks: tuple, placement: list, rows: list, capacity_factor) -> dict
         drops.append([m.last_stats["dropped_global"] for _, m in moe_layers(model)])
         traffic.append([(m.last_stats["sent"], m.last_stats["received"]) for _, m in moe_layers(model)])
     ref, init_state, ref_losses, ref_drops = reference(capacity_factor, gb)
-    held = {n: p.detach() for n, p in model.named_parameters()}
+    held = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach() for n, p in model.named_parameters()}
     hosted = sorted({int(n.split("experts.")[1].split(".")[0]) for n in held if "experts." in n})
     return {"member": True, "ep_rank": me, "names": sorted(held), "expert_names": sorted(kept),
             "ddp_ignored": sorted(ignored), "hosted": hosted,
@@ -174,8 +186,6 @@ def train_ep_dp_tp(replicas: list, placement: list, rows: list, sequence_paralle
     (training_contract.md), separate group objects; replica i feeds rows[i] rows of the global batch.
     Non-expert gradients (local shards of the TP DTensors) are SUM all-reduced over the DP group;
     expert gradients are left alone."""
-    from torch.distributed.tensor import DTensor
-
     from strategies.expert_parallel import apply_ep, expert_parameter_names, moe_layers
     from strategies.models import build_gpt, lm_loss_sum, make_batches
     from strategies.tensor_parallel import apply_tp, tp_full_state

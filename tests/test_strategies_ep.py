@@ -178,3 +178,13 @@ def test_injected_aux_loss_gives_the_same_gradients():
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     router = [n for n in grads[0] if "router" in n]
     assert router and all(torch.allclose(grads[0][n], grads[1][n], atol=1e-7) for n in grads[0])
+
+
+def test_ep_with_fsdp2_matches_single_process(pool):
+    # 2+1+1 with FSDP2 (fully_shard, ZeRO-3) for the non-expert parameters, experts ignored by it
+    ranks, placement, rows = CASES["2+1+1"]
+    results = pool.run(cases.train_ep, ranks, placement, rows, 1.0, "fsdp2", timeout=400)
+    members = [r for r in results if r["member"]]
+    for r, ids in zip(members, placement):
+        _check(r)
+        assert r["hosted"] == sorted(ids)
