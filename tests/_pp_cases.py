@@ -8,6 +8,7 @@ per step. The test process runs the single-process reference once and compares.
 """
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +17,8 @@ import torch.distributed as dist
 
 MODEL_SEED, DATA_SEED = 0, 1
 STEPS, LR = 3, 0.5
+TOL = 2e-5     # max abs difference of any fp32 parameter from the single-process run (why: test modules)
+MOVED = 1e-5   # every parameter must move at least this, and at least 10 x its difference
 
 
 def init(backend: str = "hetero", timeout_s: float = 60.0) -> dict:
@@ -36,6 +39,10 @@ def build(cfg_kind: str):
     if cfg_kind == "tiny":  # dense GPT (RMSNorm, rotary attention, SwiGLU), 4 blocks, hidden 32
         cfg = ModelConfig(name="tiny", layers=4, hidden=32, heads=4, ffn=64, vocab=64, seq=16)
         return cfg, build_model(cfg, MODEL_SEED)
+    if cfg_kind == "moe":  # the same with a 4-expert top-2 MoE FFN in every block (capacity 1.25: drops)
+        cfg = ModelConfig(name="tiny-moe", layers=4, hidden=32, heads=4, ffn=32, vocab=64, seq=16,
+                          experts=4, top_k=2, capacity_factor=1.25, moe_aux_loss_coef=0.01)
+        return cfg, build_model(cfg, MODEL_SEED)
     raise ValueError(f"unknown test model {cfg_kind!r}")
 
 
@@ -44,20 +51,31 @@ def batches(cfg, global_batch: int) -> torch.Tensor:
     return make_batches(cfg, STEPS, global_batch, DATA_SEED)  # (steps, global_batch, seq + 1)
 
 
-def reference(cfg_kind: str, global_batch: int) -> dict:
-    """Single process, whole global batch, mean loss, SGD: final params, initial params, losses."""
-    from strategies.models import lm_loss
+def reference(cfg_kind: str, global_batch: int, num_microbatches: int = 1) -> dict:
+    """Single process, SGD, the same global batches: final params, initial params, mean loss per step.
+
+    Dense: one forward of the whole global batch with a mean loss. MoE: the global batch in the plan's
+    micro-batches with gradient accumulation (strategies.data_parallel.accumulate: each micro-batch's
+    summed loss / global tokens, plus aux loss / micro-batches), because a MoE layer's capacity and
+    load-balancing statistics are defined per forward, i.e. per micro-batch (strategies/moe.py)."""
+    from strategies.data_parallel import accumulate
+    from strategies.models import count_tokens, lm_loss
     cfg, model = build(cfg_kind)
     init_state = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     data = batches(cfg, global_batch)
     losses = []
     for step in range(STEPS):
-        loss = lm_loss(model(data[step, :, :-1]), data[step, :, 1:])
-        loss.backward()
+        x, y = data[step, :, :-1], data[step, :, 1:]
+        if cfg.experts:
+            xs, ys = x.chunk(num_microbatches), y.chunk(num_microbatches)
+            losses.append(accumulate(model, xs, ys, count_tokens(y)).item())
+        else:
+            loss = lm_loss(model(x), y)
+            loss.backward()
+            losses.append(loss.item())
         opt.step()
         opt.zero_grad()
-        losses.append(loss.item())
     return {"params": {n: p.detach().clone() for n, p in model.named_parameters()},
             "init": init_state, "losses": losses}
 
@@ -77,7 +95,67 @@ def train_plan(plan_json: str, cfg_kind: str = "tiny", runtime: str = "auto") ->
         if opt is not None:
             opt.step()
             opt.zero_grad()
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+    from torch.nn.parallel import DistributedDataParallel
+    wrappers = sorted({"FSDP2" if isinstance(m, FSDPModule) else "DDP" if isinstance(m, DistributedDataParallel)
+                       else "plain" for m in run.modules.values()})
+    dtensors = sum(isinstance(p, DTensor) for p in run.parameters())
     held = run.full_parameters()
     roles = [(r.stage, r.replica, r.tp_index) for r in run.mesh.roles]
     return {"rank": dist.get_rank(), "roles": roles, "params": held, "losses": losses,
+            "wrappers": wrappers, "dtensors": dtensors, "local_params": len(run.parameters()),
             "runtime": type(run.runtime).__name__ if run.runtime is not None else None}
+
+
+def plan(stages, num_microbatches=2, schedule="1F1B", zero=0, recompute="none") -> str:
+    """Plan JSON: stages = [((start, end), [(ranks, microbatch), ...][, experts per replica]), ...]."""
+    out = []
+    for layers, reps, *experts in stages:
+        st = {"layers": list(layers), "recompute": recompute,
+              "replicas": [{"ranks": list(r), "microbatch": mb} for r, mb in reps]}
+        if experts:
+            st["experts"] = experts[0]
+        out.append(st)
+    return json.dumps({"version": 1, "model": "tiny", "num_microbatches": num_microbatches,
+                       "schedule": schedule, "zero": zero, "stages": out})
+
+
+_refs: dict = {}
+
+
+def cached_reference(cfg_kind: str, global_batch: int, num_microbatches: int) -> dict:
+    """reference(), computed once per test process for each (model, batch, micro-batches)."""
+    key = (cfg_kind, global_batch, num_microbatches)
+    if key not in _refs:
+        _refs[key] = reference(*key)
+    return _refs[key]
+
+
+def check(results, plan_json: str, expect_runtime: str, cfg_kind: str = "tiny") -> None:
+    """In the test process: the stages' parameters together are the whole model, DP replicas agree
+    exactly, every parameter is within TOL of the single-process run and moved (see MOVED), and every
+    rank reported the reference's loss per step."""
+    import pytest
+    p = json.loads(plan_json)
+    global_batch = sum(r["microbatch"] for r in p["stages"][0]["replicas"]) * p["num_microbatches"]
+    dense = cfg_kind == "tiny"
+    ref = cached_reference(cfg_kind, global_batch, 1 if dense else p["num_microbatches"])
+    held = {}
+    for r in results:
+        if r["roles"]:
+            assert r["runtime"] == expect_runtime, r["runtime"]
+        for name, t in r["params"].items():
+            if name in held:  # DP replicas of one stage must agree exactly (same summed gradient)
+                gap = (held[name] - t).abs().max().item()
+                assert gap == 0.0, f"replicas disagree on {name} by {gap} (rank {r['rank']})"
+            held[name] = t
+    assert sorted(held) == sorted(ref["params"]), "the stages together must hold the whole model"
+    diffs = {n: (held[n] - ref["params"][n]).abs().max().item() for n in held}
+    moved = {n: (ref["params"][n] - ref["init"][n]).abs().max().item() for n in held}
+    worst = {n: d for n, d in diffs.items() if d > TOL}
+    assert not worst, f"parameters off the single-process run by more than {TOL}: {worst}"
+    still = {n: (m, diffs[n]) for n, m in moved.items() if m < max(10 * diffs[n], MOVED)}
+    assert not still, f"parameters that barely trained, (moved, diff) (the comparison has no teeth): {still}"
+    for r in results:  # every rank returns the global mean loss of each step
+        assert r["losses"] == pytest.approx(ref["losses"], abs=1e-5)

@@ -9,7 +9,7 @@ One 6-rank WorkerPool: cuda:3 (ranks 0-2), kunlun:2 (3-4), ascend:1 (5), all EMU
 layouts 2+2, 3+1, 2+1+1 are plans over 4 of its ranks ([0,1,3,4], [0,1,2,5], [0,1,3,5]); the other two
 ranks take part in group creation only.
 
-Tolerance 2e-5 absolute on fp32 parameters: the distributed run computes the same sums in another
+Tolerance (cases.TOL) 2e-5 absolute on fp32 parameters: the distributed run computes the same sums in another
 order (per-replica partial gradients summed over DP, each micro-batch's loss divided by the global
 token count instead of one mean), so each step differs by a few fp32 ulps of the gradients (~1e-7
 relative); with lr 0.5 over 3 steps that stays near 1e-6, well inside 2e-5. Teeth: every parameter
@@ -17,28 +17,16 @@ moved at least 1e-5 from its initial value and at least 10 x its difference from
 attention wq/wk move least, ~1e-4; most move ~1e-2), so a lost, doubled or mis-scaled micro-batch or
 replica (at least 1/8 of some gradient here) could not pass.
 """
-import json
-
 import pytest
 
 from hal.testing import WorkerPool
 
 from . import _pp_cases as cases
+from ._pp_cases import plan
 
 EMULATE = "cuda:3,kunlun:2,ascend:1"
 ENV = {"HAL_EMULATE": EMULATE, "OMP_NUM_THREADS": "1"}
-TOL = 2e-5
-MOVED = 1e-5  # every parameter must move at least this, and at least 10 x its difference
 pytestmark = pytest.mark.slow
-
-
-def plan(stages, num_microbatches=2, schedule="1F1B", zero=0) -> str:
-    """Plan JSON: stages = [((start, end), [(ranks, microbatch), ...]), ...]."""
-    return json.dumps({"version": 1, "model": "tiny", "num_microbatches": num_microbatches,
-                       "schedule": schedule, "zero": zero,
-                       "stages": [{"layers": list(layers),
-                                   "replicas": [{"ranks": list(r), "microbatch": mb} for r, mb in reps]}
-                                  for layers, reps in stages]})
 
 
 @pytest.fixture(scope="module")
@@ -48,39 +36,6 @@ def pool():
         assert [i["chip"] for i in info] == ["cuda"] * 3 + ["kunlun"] * 2 + ["ascend"], info
         assert all(i["emulated"] for i in info) and {i["backend"] for i in info} == {"hetero"}, info
         yield p
-
-
-_refs: dict = {}
-
-
-def reference(global_batch: int) -> dict:
-    if global_batch not in _refs:
-        _refs[global_batch] = cases.reference("tiny", global_batch)
-    return _refs[global_batch]
-
-
-def check(results, plan_json: str, expect_runtime: str) -> None:
-    p = json.loads(plan_json)
-    global_batch = sum(r["microbatch"] for r in p["stages"][0]["replicas"]) * p["num_microbatches"]
-    ref = reference(global_batch)
-    held = {}
-    for r in results:
-        if r["roles"]:
-            assert r["runtime"] == expect_runtime, r["runtime"]
-        for name, t in r["params"].items():
-            if name in held:  # DP replicas of one stage must agree exactly (same summed gradient)
-                gap = (held[name] - t).abs().max().item()
-                assert gap == 0.0, f"replicas disagree on {name} by {gap} (rank {r['rank']})"
-            held[name] = t
-    assert sorted(held) == sorted(ref["params"]), "the stages together must hold the whole model"
-    diffs = {n: (held[n] - ref["params"][n]).abs().max().item() for n in held}
-    moved = {n: (ref["params"][n] - ref["init"][n]).abs().max().item() for n in held}
-    worst = {n: d for n, d in diffs.items() if d > TOL}
-    assert not worst, f"parameters off the single-process run by more than {TOL}: {worst}"
-    still = {n: (m, diffs[n]) for n, m in moved.items() if m < max(10 * diffs[n], MOVED)}
-    assert not still, f"parameters that barely trained, (moved, diff) (the comparison has no teeth): {still}"
-    for r in results:  # every rank returns the global mean loss of each step
-        assert r["losses"] == pytest.approx(ref["losses"], abs=1e-5)
 
 
 LAYOUTS = {
@@ -97,7 +52,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("schedule", ["1F1B", "GPipe"])
 def test_uneven_pipeline_matches_single_process(pool, layout, schedule):
     pj = plan(LAYOUTS[layout], num_microbatches=3, schedule=schedule)
-    check(pool.run(cases.train_plan, pj, timeout=180), pj, "HeteroPipeline")
+    cases.check(pool.run(cases.train_plan, pj, timeout=180), pj, "HeteroPipeline")
 
 
 # equal chains (every stage: 2 replicas taking 3 and 1 rows, TP 1): torch.distributed.pipelining's own
@@ -116,4 +71,4 @@ CHAINS = {
 @pytest.mark.parametrize("schedule", list(CHAINS))
 def test_torch_schedules_on_equal_chains(pool, schedule):
     pj = plan(CHAINS[schedule], num_microbatches=4, schedule=schedule)
-    check(pool.run(cases.train_plan, pj, runtime="torch", timeout=180), pj, "TorchPipeline")
+    cases.check(pool.run(cases.train_plan, pj, runtime="torch", timeout=180), pj, "TorchPipeline")

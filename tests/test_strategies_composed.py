@@ -1,0 +1,96 @@
+"""apply_plan composing PP x DP/FSDP2 x TP, with EP inside DP, on mixed emulated layouts with uneven
+stages, a different TP and DP degree per stage and uneven micro-batch rows: after 3 SGD steps every
+parameter matches a single-process run of the same model on the same global batch, and moved.
+
+One 6-rank WorkerPool: cuda:3 (ranks 0-2), kunlun:2 (3-4), ascend:1 (5), all EMULATED on the CPU
+(`hetero` backend). Layouts are plans over 4 of its ranks: 2+2 = [0,1,3,4], 3+1 = [0,1,2,5],
+2+1+1 = [0,1,3,5]. TP groups stay inside one chip kind (Plan.check's rule); DP groups cross chips.
+
+Tolerance (tests/_pp_cases.TOL): 2e-5 absolute on fp32 parameters. The distributed step computes the
+same sums in another order: per-replica partial gradients SUM-reduced over DP, TP's row-parallel
+partial products all-reduced, each micro-batch's summed loss divided by the global token count instead
+of one mean; that changes a step by a few fp32 ulps (~1e-7 relative), about 1e-6 after 3 steps with
+lr 0.5. Teeth: every parameter must move >= 1e-5 and >= 10 x its difference, so a lost, doubled or
+unsummed share of a gradient (>= 1/8 of it with these row splits) fails. The MoE reference runs the
+plan's micro-batches with gradient accumulation (capacity and aux loss are per forward, see
+strategies/moe.py); the dense reference is one forward of the whole global batch.
+"""
+import pytest
+
+from hal.testing import WorkerPool
+
+from . import _pp_cases as cases
+from ._pp_cases import plan
+
+EMULATE = "cuda:3,kunlun:2,ascend:1"
+ENV = {"HAL_EMULATE": EMULATE, "OMP_NUM_THREADS": "1"}
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool(6, env=ENV) as p:
+        info = p.run(cases.init, "hetero", timeout=180)
+        assert [i["chip"] for i in info] == ["cuda"] * 3 + ["kunlun"] * 2 + ["ascend"], info
+        assert all(i["emulated"] for i in info), info
+        yield p
+
+
+# stage = ((first layer, end layer), [(TP ranks, rows of each micro-batch), ...])
+LAYOUTS = {
+    # 2+2: stage 0 is one TP=2 replica on the cuda pair; stage 1 two kunlun replicas (3 and 1 rows)
+    "2+2": [((0, 1), [((0, 1), 4)]), ((1, 4), [((3,), 3), ((4,), 1)])],
+    # 3+1: stage 0 TP=2 on cuda 0,1; stage 1 DP across chips: cuda rank 2 takes 3 rows, ascend 1
+    "3+1": [((0, 3), [((0, 1), 4)]), ((3, 4), [((2,), 3), ((5,), 1)])],
+    # 2+1+1: stage 0 TP=2 on cuda; stage 1 kunlun and ascend replicas (1 and 3 rows)
+    "2+1+1": [((0, 2), [((0, 1), 4)]), ((2, 4), [((3,), 1), ((5,), 3)])],
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("zero", [0, 3])
+def test_pp_dp_tp_matches_single_process(pool, layout, zero):
+    pj = plan(LAYOUTS[layout], num_microbatches=3, zero=zero)
+    results = pool.run(cases.train_plan, pj, timeout=240)
+    cases.check(results, pj, "HeteroPipeline")
+    for r in results:  # the strategies really were applied: TP shards, DDP / FSDP2 wrappers
+        if not r["roles"]:
+            continue
+        stage = r["roles"][0][0]
+        if stage == 0:  # the TP=2 replica: its attention and MLP weights are DTensors
+            assert r["dtensors"] >= 7 * (LAYOUTS[layout][0][0][1] - LAYOUTS[layout][0][0][0]), r["dtensors"]
+            assert r["wrappers"] == (["plain"] if zero == 0 else ["FSDP2"])
+        else:           # two replicas: DDP (zero 0) or FSDP2, every parameter a DTensor under FSDP2
+            assert r["wrappers"] == (["DDP"] if zero == 0 else ["FSDP2"])
+            if zero:
+                assert r["dtensors"] == r["local_params"]
+
+
+def test_zero2_with_recompute(pool):
+    pj = plan(LAYOUTS["2+2"], num_microbatches=2, zero=2, recompute="full")
+    cases.check(pool.run(cases.train_plan, pj, timeout=240), pj, "HeteroPipeline")
+
+
+# EP inside DP: the MoE stage's replicas are its EP group; a faster chip hosts more experts
+MOE_LAYOUTS = {
+    "2+2": [((0, 2), [((0, 1), 4)], [[0, 1, 2, 3]]),
+            ((2, 4), [((3,), 3), ((4,), 1)], [[0, 1, 2], [3]])],
+    "3+1": [((0, 2), [((0,), 2), ((1,), 1), ((2,), 1)], [[0, 1], [2], [3]]),
+            ((2, 4), [((5,), 4)], [[0, 1, 2, 3]])],
+    "2+1+1": [((0, 2), [((0, 1), 4)], [[0, 1, 2, 3]]),
+              ((2, 4), [((3,), 1), ((5,), 3)], [[0], [1, 2, 3]])],
+}
+
+
+@pytest.mark.parametrize("layout", list(MOE_LAYOUTS))
+def test_ep_inside_dp_matches_single_process(pool, layout):
+    pj = plan(MOE_LAYOUTS[layout], num_microbatches=2)
+    results = pool.run(cases.train_plan, pj, "moe", timeout=240)
+    cases.check(results, pj, "HeteroPipeline", "moe")
+    for r in results:  # each rank kept exactly the experts the plan placed on its replica
+        if not r["roles"]:
+            continue
+        stage, replica, _ = r["roles"][0]
+        layers, _, experts = MOE_LAYOUTS[layout][stage]
+        held = {n.split(".experts.")[1].split(".")[0] for n in r["params"] if ".experts." in n}
+        assert held == {str(e) for e in experts[replica]}, (r["rank"], held)
