@@ -5,8 +5,8 @@ A cross pair goes over exactly one rail that has d as a member (`hal.topology` r
 of (s, d) is that rail's member in s's sub-cluster; s hands the data to its relay over the intra
 CCL, and the relay sends it along the rail straight to d. So every cross byte crosses once, on a
 rail, and lands at its destination (no forwarding on the far side), as NCCL's PXN does for
-rail-optimised networks. Which rail (`cross_rails`, a function of the topology only, so every rank
-computes the same table):
+rail-optimised networks. Which rail (`cross_rail`, a function of the topology only, so every rank
+computes the same routes; each rank's share of them is built once per topology, `_routes`):
 
 - a rail with d on which s itself sits, if any: then s is its own relay and nothing moves intra
   (3+1: every rank of the 3 shares a rail with the lone rank; 2+1+1: the single ranks share both);
@@ -36,6 +36,7 @@ the rail all_reduce uses; an emulated chip's tensors are CPU tensors already.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
 
@@ -48,38 +49,75 @@ from .ccl import Handle
 from .fabric import CPU, Fabric
 
 
-@lru_cache(maxsize=16)
-def cross_rails(topo: RailLayout) -> tuple[tuple[int, ...], ...]:
-    """table[s][d] = index of the rail that carries s -> d (-1 for a pair in one sub-cluster)."""
+def cross_rail(topo: RailLayout, s: int, d: int) -> int:
+    """Index of the rail that carries s -> d, for ranks in different sub-clusters (O(rails of d))."""
+    cs = topo.cluster_of[s]
+    cand = topo.rails_of(d)
+    for r in cand:
+        if r.members[cs] == s:
+            return r.index
+    return cand[topo.index_in_cluster[s] % len(cand)].index
+
+
+def cross_rails(topo: RailLayout) -> list[list[int]]:
+    """The whole table, table[s][d] (-1 inside one sub-cluster): O(W^2), for tests and reports."""
     W = topo.world_size
-    table = []
-    for s in range(W):
-        cs = topo.cluster_of[s]
-        row = []
-        for d in range(W):
-            if topo.cluster_of[d] == cs:
-                row.append(-1)
-                continue
-            cand = topo.rails_of(d)
-            own = [r for r in cand if r.members[cs] == s]
-            pick = own[0] if own else cand[topo.index_in_cluster[s] % len(cand)]
-            row.append(pick.index)
-        table.append(tuple(row))
-    return tuple(table)
+    return [[-1 if topo.cluster_of[s] == topo.cluster_of[d] else cross_rail(topo, s, d) for d in range(W)]
+            for s in range(W)]
 
 
 @lru_cache(maxsize=16)
 def relaying(topo: RailLayout) -> tuple[bool, ...]:
-    """Per sub-cluster: whether some rank of it hands a block to a mate to relay. Where none does
-    (3+1, 2+1+1), a relay needs no split sizes from its mates, so step 0 is skipped and the intra
-    and rail exchanges run at the same time."""
-    table = cross_rails(topo)
+    """Per sub-cluster: whether some rank of it hands a block to a mate to relay, i.e. some source
+    does not share a rail with every rank of another sub-cluster. Where none does (3+1, 2+1+1), a
+    relay needs no split sizes from its mates, so step 0 and 1b are skipped."""
     out = [False] * topo.k
     for s in range(topo.world_size):
         c = topo.cluster_of[s]
-        if any(r >= 0 and topo.rails[r].members[c] != s for r in table[s]):
-            out[c] = True
+        for other in topo.subclusters:
+            if other.index != c and len({r.members[other.index] for r in topo.rails_of(s)}) < other.size:
+                out[c] = True
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class _RankRoutes:
+    """What one rank does in every all_to_all on a topology (built once: O(n * W) route lookups)."""
+
+    cross: tuple[int, ...]                          # ranks outside this rank's sub-cluster
+    hand_to: tuple[tuple[int, tuple[int, ...]], ...]    # (mate t, destinations t relays for this rank)
+    take_from: tuple[tuple[int, tuple[int, ...]], ...]  # (mate t, destinations this rank relays for t)
+    own: tuple[int, ...]                            # destinations this rank carries itself
+    # per rail of this rank: (rail index, per member: (sources of this sub-cluster whose block for
+    # that member this rank sends on the rail, sources of the member's sub-cluster whose block for
+    # this rank arrives on it))
+    rails: tuple[tuple[int, tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]], ...]
+
+
+@lru_cache(maxsize=64)
+def _routes(topo: RailLayout, me: int) -> _RankRoutes:
+    c = topo.cluster_of[me]
+    mates = topo.subclusters[c].ranks
+    cross = tuple(d for d in range(topo.world_size) if topo.cluster_of[d] != c)
+
+    def relay(s: int, d: int) -> int:
+        return topo.rails[cross_rail(topo, s, d)].members[c]
+    hand_to = tuple((t, () if t == me else tuple(d for d in cross if relay(me, d) == t)) for t in mates)
+    take_from = tuple((t, () if t == me else tuple(d for d in cross if relay(t, d) == me)) for t in mates)
+    rails = []
+    for rail in topo.rails_of(me):
+        per_member = []
+        for peer in rail.members:
+            if peer == me:
+                per_member.append(((), ()))
+                continue
+            send = tuple(s for s in mates if cross_rail(topo, s, peer) == rail.index)
+            recv = tuple(s for s in topo.subclusters[topo.cluster_of[peer]].ranks
+                         if cross_rail(topo, s, me) == rail.index)
+            per_member.append((send, recv))
+        rails.append((rail.index, tuple(per_member)))
+    return _RankRoutes(cross=cross, hand_to=hand_to, take_from=take_from,
+                       own=tuple(d for d in cross if relay(me, d) == me), rails=tuple(rails))
 
 
 def _offsets(sizes: list[int]) -> list[int]:
@@ -112,37 +150,34 @@ def all_to_all_single(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_spli
     if not topo.rail_mode:
         _global(fx, out, inp, out_splits, in_splits)
         return
-    table = cross_rails(topo)
     me, c = fx.rank, fx.cluster
     mates = topo.subclusters[c].ranks
+    routes = _routes(topo, me)
     in_off, out_off = _offsets(in_splits), _offsets(out_splits)
-    cross = [d for d in range(topo.world_size) if topo.cluster_of[d] != c]
     # 1a. intra pairs: every mate's own block, straight from the input into the output where the
     #     sub-cluster's ranks are contiguous (issued, not waited: it overlaps the steps below)
     intra = _exchange(fx, fx.intra, out, [(inp, in_off[t], in_splits[t]) for t in mates],
                       [(s, out_off[s], out_splits[s]) for s in mates], [in_splits[t] for t in mates],
                       [out_splits[s] for s in mates], ("a2a", "intra"), False, inp.device)
     if relaying(topo)[c]:
-        relayed = _relay_exchange(fx, inp, in_splits, in_off, cross)
+        relayed = _relay_exchange(fx, inp, in_splits, in_off, routes)
     else:  # every source is its own relay
-        relayed = {(me, d): (inp, in_off[d], in_splits[d]) for d in cross}
+        relayed = {(me, d): (inp, in_off[d], in_splits[d]) for d in routes.cross}
 
     # 2. along each rail of this rank: relayed blocks to their destinations
     faults.point("all_to_all.rail.cross")
     handles = []
-    for rail in fx.my_rails():
+    for index, members in routes.rails:
         send_sizes, recv_sizes, pieces, lands = [], [], [], []
-        for peer in rail.members:
-            mine = [] if peer == me else [relayed[(s, peer)] for s in mates if table[s][peer] == rail.index]
-            got = [] if peer == me else [s for s in topo.subclusters[topo.cluster_of[peer]].ranks
-                                         if table[s][me] == rail.index]
+        for peer, (senders, arrivals) in zip(topo.rails[index].members, members):
+            mine = [relayed[(s, peer)] for s in senders]
             pieces += mine
-            lands += [(s, out_off[s], out_splits[s]) for s in got]
+            lands += [(s, out_off[s], out_splits[s]) for s in arrivals]
             send_sizes.append(sum(p[2] for p in mine))
-            recv_sizes.append(sum(out_splits[s] for s in got))
+            recv_sizes.append(sum(out_splits[s] for s in arrivals))
         fx.count("a2a_rail_elems", sum(send_sizes))
-        handles.append(_exchange(fx, fx.rails[rail.index], out, pieces, lands, send_sizes, recv_sizes,
-                                 ("a2a", "rail", rail.index), True, CPU))
+        handles.append(_exchange(fx, fx.rails[index], out, pieces, lands, send_sizes, recv_sizes,
+                                 ("a2a", "rail", index), True, CPU))
     Handle([intra] + handles).wait()
 
 
@@ -179,19 +214,14 @@ def _exchange(fx: Fabric, ccl, out: torch.Tensor, pieces: list[Piece],
 
 
 def _relay_exchange(fx: Fabric, inp: torch.Tensor, in_splits: list[int], in_off: list[int],
-                    cross: list[int]) -> dict[tuple[int, int], Piece]:
+                    routes: _RankRoutes) -> dict[tuple[int, int], Piece]:
     """Steps 0 and 1b where some mates relay for others: returns the blocks this rank relays,
     keyed (source mate, cross destination). Blocks this rank relays itself stay in the input."""
     topo = fx.topo
-    table = cross_rails(topo)
-    W, me, c = topo.world_size, fx.rank, fx.cluster
-    mates = topo.subclusters[c].ranks
+    W, me = topo.world_size, fx.rank
+    mates = topo.subclusters[fx.cluster].ranks
     n = len(mates)
     dev, dtype = inp.device, inp.dtype
-
-    def relay(s: int, d: int) -> int:
-        return topo.rails[table[s][d]].members[c]
-
     # 0. split rows of the sub-cluster mates (rows[s][d] = elements s sends to d)
     mine = torch.tensor(in_splits, dtype=torch.int64).to(dev)
     allrows = torch.empty(n * W, dtype=torch.int64, device=dev)
@@ -199,17 +229,10 @@ def _relay_exchange(fx: Fabric, inp: torch.Tensor, in_splits: list[int], in_off:
     flat = allrows.tolist()
     rows = {s: flat[j * W:(j + 1) * W] for j, s in enumerate(mates)}
     # 1b. to mate t != me: the blocks t relays for this rank, by destination
-    relayed: dict[tuple[int, int], Piece] = {(me, d): (inp, in_off[d], in_splits[d]) for d in cross
-                                             if relay(me, d) == me}
-    pieces: list[Piece] = []
-    send_sizes, recv_sizes, layout = [], [], []
-    for t in mates:
-        to_t = [] if t == me else [(inp, in_off[d], in_splits[d]) for d in cross if relay(me, d) == t]
-        pieces += to_t
-        send_sizes.append(sum(p[2] for p in to_t))
-        from_t = [] if t == me else [d for d in cross if relay(t, d) == me]
-        recv_sizes.append(sum(rows[t][d] for d in from_t))
-        layout.append((t, from_t))
+    relayed: dict[tuple[int, int], Piece] = {(me, d): (inp, in_off[d], in_splits[d]) for d in routes.own}
+    pieces: list[Piece] = [(inp, in_off[d], in_splits[d]) for _, dests in routes.hand_to for d in dests]
+    send_sizes = [sum(in_splits[d] for d in dests) for _, dests in routes.hand_to]
+    recv_sizes = [sum(rows[t][d] for d in dests) for t, dests in routes.take_from]
     fx.count("a2a_relay_elems", sum(send_sizes))
     send = _run(pieces)
     if send is None:
@@ -221,10 +244,10 @@ def _relay_exchange(fx: Fabric, inp: torch.Tensor, in_splits: list[int], in_off:
     recv = fx.scratch.get(("a2a", "relay", "out"), sum(recv_sizes), dtype, dev)
     fx.intra.all_to_all_single(recv, send, recv_sizes, send_sizes).wait()
     off = 0
-    for s, from_s in layout:
-        for d in from_s:
-            relayed[(s, d)] = (recv, off, rows[s][d])
-            off += rows[s][d]
+    for t, dests in routes.take_from:
+        for d in dests:
+            relayed[(t, d)] = (recv, off, rows[t][d])
+            off += rows[t][d]
     return relayed
 
 
