@@ -68,21 +68,28 @@ def check_tp_group(tp_group: dist.ProcessGroup, topology=None) -> list[int]:
     the chip they are bound to (all_gather_object over the group, bounded by its timeout)."""
     ranks = dist.get_process_group_ranks(tp_group)
     if topology is not None:
-        chips = [topology.chip_of(r) for r in ranks]
-        places = [topology.sub_cluster_of(r).name for r in ranks]
-    else:
-        import hal
-        mine = hal.accelerator().chip.name
-        chips = [None] * len(ranks)
-        dist.all_gather_object(chips, mine, group=tp_group)
-        places = chips
+        check_tp_ranks(ranks, topology)
+        return ranks
+    import hal
+    chips = [None] * len(ranks)
+    dist.all_gather_object(chips, hal.accelerator().chip.name, group=tp_group)
+    _refuse_mixed(ranks, chips, chips)
+    return ranks
+
+
+def check_tp_ranks(ranks: list[int], topology) -> None:
+    """TensorParallelError when global `ranks` span chip kinds or sub-clusters of `topology`
+    (hal.topology.Topology); no communication."""
+    _refuse_mixed(ranks, [topology.chip_of(r) for r in ranks], [topology.sub_cluster_of(r).name for r in ranks])
+
+
+def _refuse_mixed(ranks: list[int], chips: list, places: list) -> None:
     if len(set(chips)) > 1 or len(set(places)) > 1:
         where = ", ".join(f"rank {r}: {c}" + (f" ({p})" if p != c else "") for r, c, p in zip(ranks, chips, places))
         raise TensorParallelError(
             f"TP group {ranks} spans {'chip kinds' if len(set(chips)) > 1 else 'sub-clusters'} ({where}); "
             f"tensor parallelism runs inside one sub-cluster only (its all-reduces/all-gathers sit on every "
             f"layer's critical path; across chips they would cross the bridge) - use PP or DP across chips")
-    return ranks
 
 
 def _check_divides(model: nn.Module, tp: int) -> None:

@@ -87,3 +87,49 @@ def test_kernel_refusing_dtensors_is_reported(pool):
         assert msg is not None, f"rank {rank}: a kernel refusing DTensors went unreported"
         assert "hal.ops.linear kernel" in msg and f"on chip {CHIPS[rank]!r}" in msg
         assert "does not accept DTensors" in msg and "does not have a sharding strategy registered" in msg
+
+
+# ---- one process: checks that need no group ----------------------------------------------------------
+SPEC = """
+name = "two-cuda-one-ascend"
+[[sub_clusters]]
+name = "h100-a"
+chip = "cuda"
+nodes = 1
+ranks_per_node = 2
+[[sub_clusters]]
+name = "h100-b"
+chip = "cuda"
+nodes = 1
+ranks_per_node = 2
+[[sub_clusters]]
+name = "910b"
+chip = "ascend"
+nodes = 1
+ranks_per_node = 2
+"""
+
+
+def test_tp_ranks_checked_against_the_topology():
+    from hal.cluster import parse_cluster_spec
+    from hal.topology import Topology
+    from strategies.tensor_parallel import TensorParallelError, check_tp_ranks
+    topo = Topology.from_spec(parse_cluster_spec(SPEC, known_chips=None))
+    check_tp_ranks([0, 1], topo)
+    check_tp_ranks([4, 5], topo)
+    with pytest.raises(TensorParallelError, match=r"TP group \[1, 2\] spans sub-clusters \(rank 1: cuda \(h100-a\), "
+                                                  r"rank 2: cuda \(h100-b\)\)"):
+        check_tp_ranks([1, 2], topo)   # same chip kind, two sub-clusters (two fabrics)
+    with pytest.raises(TensorParallelError, match=r"TP group \[3, 4\] spans chip kinds .*rank 4: ascend \(910b\)"):
+        check_tp_ranks([3, 4], topo)
+
+
+def test_sizes_must_divide():
+    from strategies.models import ModelConfig, build_gpt
+    from strategies.tensor_parallel import TensorParallelError, _check_divides
+    model = build_gpt(ModelConfig(name="t", layers=1, hidden=48, heads=6, ffn=100, vocab=16, seq=8))
+    _check_divides(model, 2)
+    with pytest.raises(TensorParallelError, match="blocks.0.attn: 6 attention heads .* do not divide by the TP degree 4"):
+        _check_divides(model, 4)
+    with pytest.raises(TensorParallelError, match="blocks.0.mlp: ffn width 100 does not divide by TP degree 3"):
+        _check_divides(model, 3)
