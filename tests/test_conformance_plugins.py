@@ -1,5 +1,6 @@
-"""CI runs the conformance suite on `cpu` (every level) and on each vendor plugin emulated (the core
-levels plus collectives): `hal conformance --plugin X [--emulate]` must pass.
+"""CI runs the conformance suite on `cpu` (every level, 4 ranks: world sizes 2, 3 and 4) and on each
+vendor plugin emulated (the core levels plus collectives): `hal conformance --plugin X [--emulate]`
+must pass; the bridge level runs with 2 ranks of the vendor chip (its own CCL) beside cpu.
 
 One worker pool serves every run (workers rebind per plugin), so process start-up and the first
 call of each torch kernel are paid once for the module.
@@ -17,7 +18,7 @@ from conformance.target import load_target
 
 @pytest.fixture(scope="module")
 def pool():
-    with PoolHandle(2) as handle:
+    with PoolHandle(4) as handle:
         yield handle
 
 
@@ -28,12 +29,18 @@ def _assert_passes(report):
 
 
 def test_cpu_passes_every_level(pool, tmp_path):
-    report = run_suite(load_target("cpu", nproc=2, group_timeout_s=30), LEVELS, pool=pool)
+    report = run_suite(load_target("cpu", nproc=4, group_timeout_s=30), LEVELS, pool=pool)
     _assert_passes(report)
     by_level = report.by_level()
     assert set(by_level) == set(LEVELS)
     for level in ("contract", "runtime", "ops", "collectives", "errors", "perf"):
         assert by_level[level]["passed"] > 0, (level, by_level[level])
+    # A host chip: the device checks and the bridge do not apply; nothing is merely skipped.
+    assert report.summary["skipped"] == 0
+    assert {r.id for r in report.results if r.status == "not_applicable"} >= {
+        "errors.op_wrong_device", "errors.device_index_out_of_range", "bridge.hetero_group"}
+    res = {r.id: r for r in report.results}
+    assert "world sizes [2, 3, 4]" in res["collectives.broadcast.float32"].message
     # The perf level wrote an efficiency matrix that validates against its model (and round-trips).
     em = report.efficiency_matrix
     assert isinstance(em, EfficiencyMatrix) and not em.emulated and em.chip == "cpu"
@@ -50,7 +57,7 @@ def test_cpu_passes_every_level(pool, tmp_path):
 
 @pytest.mark.parametrize("plugin", ["cuda", "ascend", "kunlun"])
 def test_vendor_plugin_passes_emulated(plugin, pool):
-    target = load_target(plugin, emulate=True, nproc=2, group_timeout_s=30)
+    target = load_target(plugin, emulate=True, nproc=4, group_timeout_s=30)
     assert target.emulated and target.chip == plugin
     report = run_suite(target, ["contract", "runtime", "ops", "errors", "collectives"], pool=pool)
     _assert_passes(report)
@@ -58,7 +65,7 @@ def test_vendor_plugin_passes_emulated(plugin, pool):
 
 
 def test_bridge_level_puts_the_vendor_chip_and_cpu_in_one_hetero_group(pool):
-    target = load_target("ascend", emulate=True, nproc=2, group_timeout_s=30)
+    target = load_target("ascend", emulate=True, nproc=2, group_timeout_s=30)  # the bridge still gets 3 ranks
     report = run_suite(target, ["bridge"], ["bridge.hetero_group", "bridge.all_reduce.float32.*",
                                             "bridge.all_reduce.int32.avg", "bridge.all_to_all_single.int64",
                                             "bridge.broadcast.bfloat16"], pool=pool)
@@ -67,4 +74,5 @@ def test_bridge_level_puts_the_vendor_chip_and_cpu_in_one_hetero_group(pool):
     assert "HeteroProcessGroup" in res["bridge.hetero_group"].message
     assert "'ascend'" in res["bridge.hetero_group"].message and "'cpu'" in res["bridge.hetero_group"].message
     assert "cases correct across the chips" in res["bridge.all_reduce.float32.sum"].message
+    assert "3 ranks, 2 on ascend" in res["bridge.all_reduce.float32.sum"].message  # its own CCL is used
     assert "NotSupportedError" in res["bridge.all_reduce.int32.avg"].message  # a typed refusal, not a wrong sum
