@@ -136,9 +136,6 @@ class AppliedPlan:
     def _rows(self, t: torch.Tensor, stage: int) -> list[torch.Tensor]:
         """This rank's rows of each micro-batch of a global-batch tensor (global_batch, ...)."""
         mb, M = self.mesh.microbatch_size, self.plan.num_microbatches
-        if t.shape[0] != mb * M:
-            raise PipelineError(f"rank {self.mesh.rank}: global batch has {t.shape[0]} rows, plan expects "
-                                f"{M} micro-batches x {mb} rows = {mb * M}")
         lo, hi = self.mesh.role(stage).rows
         return [t[m * mb + lo:m * mb + hi] for m in range(M)]  # M x (rows, ...)
 
@@ -146,6 +143,10 @@ class AppliedPlan:
         """Forward and backward of this rank's share of the global batch (inputs, targets: (global_batch,
         seq)); gradients are reduced over DP when it returns. Returns the global mean loss (every rank;
         one all_reduce of a scalar over the world)."""
+        mb, M = self.mesh.microbatch_size, self.plan.num_microbatches
+        if inputs.shape[0] != mb * M or targets.shape[0] != mb * M:  # on every rank, before any collective
+            raise PipelineError(f"rank {self.mesh.rank}: global batch has {inputs.shape[0]} rows (targets "
+                                f"{targets.shape[0]}), plan expects {M} micro-batches x {mb} rows = {mb * M}")
         self.loss.denominator = float(count_tokens(targets, self.loss.ignore_index))
         share = torch.zeros((), dtype=torch.float32)
         if self.active:
@@ -218,6 +219,8 @@ def apply_plan(model: nn.Module, plan: Any, topology: Any = None, *, runtime: st
     use_torch = runtime == "torch" or (runtime == "auto" and plan.schedule not in HETERO_SCHEDULES)
     if runtime not in ("auto", "hetero", "torch"):
         raise PipelineError(f"apply_plan: runtime={runtime!r}; expected auto, hetero or torch")
+    if use_torch:
+        mesh.chain_group(timeout)  # every rank creates the chain groups, idle ranks included
     modules: dict[int, nn.Module] = {}
     expert_ids: set[int] = set()
     for role in mesh.roles:
@@ -301,14 +304,18 @@ def mod_seq(mod: StageModule):
 
 
 def _apply_ep(mod: StageModule, mesh: HeteroMesh, s: int) -> set[int]:
-    """EP over the stage's DP group at this TP index (H4's apply_ep); the plan lists experts per
-    replica (replica order), the group orders ranks ascending, so the placement is put in group-rank
-    order. Returns the ids of the expert parameters kept here."""
+    """EP over the stage's DP group at this TP index (H4's apply_ep) with the plan's placement (expert
+    ids per replica = per EP rank, as replicas ascend by rank). Returns the ids of the expert
+    parameters kept here."""
     from strategies.expert_parallel import apply_ep
     grid = mesh.grids[s]
     ranks = grid.dp_ranks(mesh.role(s).tp_index)
-    placement = [grid.experts[j] for j in sorted(range(grid.dp), key=lambda j: ranks[j])]
-    names = set(apply_ep(mod, mesh.dp_group(s), placement))
+    if ranks != sorted(ranks):
+        # the MoE layer orders tokens (hence which ones a full expert drops) by EP rank, which must be
+        # the replicas' row order for the result to equal the single-process one
+        raise MeshError(f"stages[{s}]: EP ranks {ranks} (replica order) do not ascend; order the replicas "
+                        f"of an expert stage by rank so EP rank order is row order")
+    names = set(apply_ep(mod, mesh.dp_group(s), grid.experts))
     return {id(p) for n, p in mod.named_parameters() if n in names}
 
 

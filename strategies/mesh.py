@@ -239,6 +239,21 @@ class HeteroMesh:
                 return None
         return [[g.ranks[j][t] for g in self.grids] for j in range(g0.dp) for t in range(g0.tp)]
 
+    def chain_group(self, timeout: Optional[timedelta] = None) -> Optional[tuple[list[int], Any]]:
+        """(this rank's chain in stage order, its process group) for torch's schedules, or None on a rank
+        in no chain. Creates every chain's group, so every rank of the world must call it (idle ones too),
+        in the same order. MeshError when the layout has no equal chains."""
+        chains = self.chains()
+        if chains is None:
+            raise MeshError("the plan's stages differ in DP/TP degree or row ranges, so there are no equal "
+                            "chains for torch's schedules; use the hetero runtime (1F1B or GPipe)")
+        mine = None
+        for chain in chains:
+            grp = self._group(sorted(set(chain)), timeout)
+            if self.rank in chain:
+                mine = (chain, grp)
+        return mine
+
     def describe(self) -> str:
         """A plain-text picture of the layout (one line per stage)."""
         lines = []

@@ -227,23 +227,6 @@ class HeteroPipeline:
         return total
 
 
-def _chain_group(mesh: HeteroMesh, timeout: Optional[timedelta]) -> tuple[list[int], Any]:
-    """(this rank's chain in stage order, its process group); every rank creates every chain group in
-    the same order (a collective)."""
-    chains = mesh.chains()
-    if chains is None:
-        raise PipelineError("the plan's stages differ in DP/TP degree or row ranges, so there are no "
-                            "equal chains for torch's schedules; use HeteroPipeline (1F1B or GPipe)")
-    mine = None
-    for chain in chains:
-        grp = mesh._group(sorted(set(chain)), timeout)
-        if mesh.rank in chain:
-            mine = (chain, grp)
-    if mine is None:
-        raise PipelineError(f"rank {mesh.rank} is in no pipeline chain {chains}")
-    return mine
-
-
 class TorchPipeline:
     """torch.distributed.pipelining on this rank's chain (equal DP/TP degree in every stage).
 
@@ -258,7 +241,10 @@ class TorchPipeline:
         if schedule not in TORCH_SCHEDULES:
             raise PipelineError(f"TorchPipeline: schedule={schedule!r}; expected one of {list(TORCH_SCHEDULES)}")
         cls, multi, style = TORCH_SCHEDULES[schedule]
-        chain, group = _chain_group(mesh, timeout)
+        mine = mesh.chain_group(timeout)  # built on every rank by apply_plan first; cached here
+        if mine is None:
+            raise PipelineError(f"rank {mesh.rank} is in no pipeline chain {mesh.chains()}")
+        chain, group = mine
         S = len(chain)
         ranks = sorted(set(chain))
         pp = len(ranks)

@@ -159,3 +159,20 @@ def check(results, plan_json: str, expect_runtime: str, cfg_kind: str = "tiny") 
     assert not still, f"parameters that barely trained, (moved, diff) (the comparison has no teeth): {still}"
     for r in results:  # every rank returns the global mean loss of each step
         assert r["losses"] == pytest.approx(ref["losses"], abs=1e-5)
+
+
+def expect_error(plan_json: str, runtime: str = "auto", rows: int = 0) -> dict:
+    """apply_plan (and, with rows > 0, one step on a batch of that many rows) must raise; returns the
+    error's type and message on this rank ({} on a rank where nothing was raised)."""
+    from strategies.apply import apply_plan
+    from strategies.plan import Plan
+    plan = Plan.from_json(plan_json)
+    cfg, model = build("tiny")
+    try:
+        run = apply_plan(model, plan, runtime=runtime, timeout=timedelta(seconds=60))
+        if rows:
+            x = torch.zeros(rows, cfg.seq, dtype=torch.int64)
+            run.step(x, x)
+    except Exception as exc:  # the type and message are what the test checks
+        return {"type": type(exc).__name__, "message": str(exc)}
+    return {}

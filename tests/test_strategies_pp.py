@@ -72,3 +72,22 @@ CHAINS = {
 def test_torch_schedules_on_equal_chains(pool, schedule):
     pj = plan(CHAINS[schedule], num_microbatches=4, schedule=schedule)
     cases.check(pool.run(cases.train_plan, pj, runtime="torch", timeout=180), pj, "TorchPipeline")
+
+
+def test_layout_errors_are_typed(pool):
+    # ZBV needs the V order (stages 0,3 on one rank, 1,2 on the other); the looped order is refused
+    pj = plan(CHAINS["Interleaved1F1B"], num_microbatches=4, schedule="ZBVZeroBubble")
+    errs = pool.run(cases.expect_error, pj, timeout=120)
+    members = [e for r, e in enumerate(errs) if r in (0, 1, 3, 4)]
+    assert all(e["type"] == "PipelineError" and "ZBVZeroBubble" in e["message"] and "v order" in e["message"]
+               for e in members), members
+    # TP ranks must ascend (DTensor puts shard t on the t-th smallest rank)
+    pj = plan([((0, 4), [((1, 0), 4)])], num_microbatches=1)
+    errs = pool.run(cases.expect_error, pj, timeout=120)
+    assert all(e["type"] == "MeshError" and "stages[0].replicas[0].ranks = [1, 0]" in e["message"]
+               for e in errs), errs
+    # a global batch of the wrong size names the numbers
+    pj = plan(LAYOUTS["3+1"], num_microbatches=3)
+    errs = pool.run(cases.expect_error, pj, "auto", 5, timeout=120)
+    assert all("global batch has 5 rows (targets 5), plan expects 3 micro-batches x 4 rows = 12" in e["message"]
+               for e in errs), errs  # every rank, idle ones too: no rank is left in a collective
