@@ -254,11 +254,11 @@ class MoE(nn.Module):
         # `received * 0`, not empty_like: the reverse all_to_all must be in every rank's autograd
         # graph, also on a rank hosting no expert (else its backward skips a collective the others run)
         outs = received * 0
-        offsets = torch.cumsum(recv_per.reshape(-1), 0) - recv_per.reshape(-1)  # (W * n_local,)
         n_local = len(mine)
+        # local expert index of every received row: blocks (source s, expert i) of recv_per[s, i] rows
+        row_expert = torch.repeat_interleave(torch.arange(n_local).repeat(W), recv_per.reshape(-1))  # (received,)
         for i, e in enumerate(mine):
-            rows = torch.cat([torch.arange(int(offsets[s * n_local + i]), int(offsets[s * n_local + i] + recv_per[s, i]))
-                              for s in range(W)])
+            rows = torch.nonzero(row_expert == i).squeeze(1)
             if rows.numel():
                 rows = rows.to(dev)
                 outs = outs.index_copy(0, rows, self.experts[str(e)](received[rows]))
