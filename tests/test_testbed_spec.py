@@ -108,3 +108,42 @@ def test_cli_up_status_exec_down_leaves_nothing(capfd):
     assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     bad = _hal(capfd, "testbed", "run", "--name", name, "--", "-m", "x")
     assert bad.returncode == 2 and f"no test bed '{name}'" in bad.stderr
+
+
+_OWNER = ("import sys, time\n"
+          "from testbed import BedSpec, Testbed\n"
+          "Testbed(BedSpec.of([1, 1], rate='100Mb/s'), name=sys.argv[1]).up()\n"
+          "print('up', flush=True)\n"
+          "time.sleep(600)\n")
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_bed_whose_owner_is_killed_is_removed(sig):
+    """SIGTERM: the owner's handler takes its bed down. SIGKILL: nothing can run in the owner, the
+    hosts (own session) survive it, and `sweep_stale` (called by every bed fixture) removes them."""
+    import select
+    import signal
+    from testbed import list_beds, sweep_stale
+    try:
+        check_available()
+    except TestbedUnavailable as exc:
+        pytest.skip(f"test bed unavailable: {exc}")
+    name = f"{sig[3].lower()}{os.getpid() % 100000}"
+    p = subprocess.Popen([sys.executable, "-c", _OWNER, name], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        ready, _, _ = select.select([p.stdout], [], [], 120)
+        assert ready and p.stdout.readline().strip() == "up", "the owner did not bring its bed up"
+        assert name in list_beds() and f"hal-tb-{name}-h1" in _netns()
+        p.send_signal(getattr(signal, sig))
+        p.wait(timeout=60)
+        if sig == "SIGKILL":
+            assert name in list_beds(), "nothing could have removed it yet"
+            assert name in sweep_stale()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert name not in list_beds() and f"hal-tb-{name}" not in _netns()
+
+
+def _netns() -> str:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
