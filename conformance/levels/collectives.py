@@ -2,13 +2,19 @@
 
 Check ids: `collectives.<collective>.<dtype>` (non-reducing) and `collectives.<collective>.<dtype>.<op>`
 (reducing), for every combination with a defined result (no bitwise ops on floats, no avg of
-bools). Each runs every size in `SIZES` (empty, one, odd, large) and, for rooted collectives, every
-root; all_to_all(_single) runs even and uneven splits. The capability matrix decides what is asked:
+bools). Each runs at every world size of `Target.world_sizes` (2, 3, 4, --nproc: subgroups of the
+pool's first ranks), every size in `SIZES` at the largest (the odd ones below it), a view with a
+storage offset and a strided view at every world size, every root of rooted collectives and even and
+uneven all_to_all splits, with inputs over the dtype's whole range (`collective_golden`). Each case
+also checks that nothing outside the caller's views and no input changed (`collective_calls`). The
+capability matrix decides what is asked:
 
 - declared supported: every case must give the golden result (bit-exact for integers, max/min and
-  data movement; within the rounding bound for float reductions, see `collective_golden`);
-- not declared: the call must be refused (raise on every rank, e.g. `hal.NotSupportedError`), or
-  give the right result (the bridge emulates it); a silent wrong result fails.
+  data movement; within the rounding bound for float reductions); strided views may be refused on
+  every rank, never written wrong;
+- required (`required.REQUIRED_NATIVE`): must be declared;
+- not declared: the call must raise `hal.NotSupportedError` on every rank (the hookspec), or give
+  the right result (under-declared); another exception or a silent wrong result fails.
 
 Also `collectives.process_group` (the group's rank/size and a barrier) and
 `collectives.async_wait` (after `work.wait()` returns, the data is there).
