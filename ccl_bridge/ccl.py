@@ -112,14 +112,17 @@ def _opts(cls, **kw):
 
 
 def _bits(t: torch.Tensor, carrier: torch.dtype, blocks: int = 1):
-    """View contiguous `t` (made of `blocks` equal blocks) as `carrier`, padding each block to a
-    whole number of carrier elements in a copy when needed. Returns (view, block_bytes, padded_buf)."""
-    raw = t.reshape(-1).view(torch.uint8) if t.dtype != torch.uint8 else t.reshape(-1)
+    """View `t` (made of `blocks` equal blocks) as `carrier`, padding each block to a whole number of
+    carrier elements in a copy when needed; a strided `t` always goes through a copy (a byte view
+    needs unit stride). Returns (view, block_bytes, copy_buf); a non-None copy_buf must be copied
+    back into an output with `_unbits`."""
+    src = t if t.is_contiguous() else t.contiguous()
+    raw = src.reshape(-1).view(torch.uint8) if src.dtype != torch.uint8 else src.reshape(-1)
     cs = carrier.itemsize
     nb = raw.numel() // blocks
-    if cs == 1:
+    if src is t and cs == 1:
         return raw.view(carrier), nb, None
-    if nb % cs == 0 and raw.storage_offset() % cs == 0:
+    if src is t and nb % cs == 0 and raw.storage_offset() % cs == 0:
         return raw.view(carrier), nb, None
     pb = -(-nb // cs) * cs
     buf = torch.zeros(blocks * pb, dtype=torch.uint8, device=t.device)
@@ -128,8 +131,12 @@ def _bits(t: torch.Tensor, carrier: torch.dtype, blocks: int = 1):
 
 
 def _unbits(t: torch.Tensor, buf: torch.Tensor, nb: int, blocks: int = 1) -> None:
+    data = buf.view(blocks, -1)[:, :nb]
+    if not t.is_contiguous():  # strided output: through its dtype
+        t.copy_(data.reshape(-1).view(t.dtype).view(t.shape))
+        return
     raw = t.reshape(-1).view(torch.uint8) if t.dtype != torch.uint8 else t.reshape(-1)
-    raw.view(blocks, nb).copy_(buf.view(blocks, -1)[:, :nb])
+    raw.view(blocks, nb).copy_(data)
 
 
 class Ccl:

@@ -295,3 +295,31 @@ def test_native_gpu_bind_kernels_and_nccl(restore_hal):
     torch.cuda.synchronize()
     print(f"[cuda] ProcessGroupNCCL world 1 all_reduce -> {t[0].item()} ({pg.getBackendName()})")
     assert t[0].item() == 2.0
+
+
+def test_bridge_ccl_moves_int16_bytes_over_nccl_from_strided_views(pm, fake_nvidia):
+    """int16 is not an NCCL dtype: the bridge moves its bytes as uint8 (route `bits:uint8`), also for
+    strided views (a byte view needs unit stride: the bytes go through a copy)."""
+    import threading
+
+    from ccl_bridge.ccl import Ccl
+    acc = hal.bind("cuda", emulated=False, pm=pm)
+    store, t = dist.HashStore(), timedelta(seconds=20)
+    pgs = [acc.new_process_group(store, r, 2, t, global_ranks=[0, 1], group_name="bits") for r in (0, 1)]
+    got, errors = {}, []
+
+    def rank(r):
+        try:
+            ccl = Ccl(pgs[r], acc.capabilities, "cuda CCL", r, 2, torch.device("cuda", 0), t)
+            inp = (torch.arange(16, dtype=torch.int16) + 100 * r)[::2]  # 8 elements, stride 2
+            out = torch.zeros(16, dtype=torch.int16)[::2]
+            assert ccl.route("all_to_all_single", torch.int16) == "bits:uint8"
+            ccl.all_to_all_single(out, inp, [4, 4], [4, 4]).wait()
+            got[r] = out.tolist()
+        except Exception as exc:  # reported below with the rank
+            errors.append(f"rank {r}: {type(exc).__name__}: {exc}")
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    [th.start() for th in threads]
+    [th.join(60) for th in threads]
+    assert not errors, errors
+    assert got == {0: [0, 2, 4, 6, 100, 102, 104, 106], 1: [8, 10, 12, 14, 108, 110, 112, 114]}
