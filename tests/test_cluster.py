@@ -2,6 +2,7 @@
 assignment; every refusal names the file, the field path, the value and the TOML line."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -199,5 +200,13 @@ def test_cli_cluster_show(capsys):
         assert "rails: [0, 16]; [1, 17]; [2, 18]; [3, 19] ... (12 more)" in text
         assert cli.main(["cluster", "show", str(EXAMPLES / "three-vendor-1024.toml")]) == 2
         assert "sub_clusters[2].chip = 'kunlun': no registered plugin provides this chip" in capsys.readouterr().err
+        pm.register(make_plugin(name="fake_kunlun", chip="kunlun"), name="fake_kunlun")
+        assert cli.main(["cluster", "show", str(EXAMPLES / "three-vendor-1024.toml")]) == 0
+        # 512 + 256 + 256 ranks: lcm 512 parts > the bridge's default 256, so it runs leader-only
+        assert "1 rail (leader-only: 512 parts > max_parts" in capsys.readouterr().out
+        assert cli.main(["cluster", "show", "--json", str(EXAMPLES / "laptop-2x2.toml")]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert shown["rails"] == [[0, 2], [1, 3]] and shown["rail_mode"] is True
+        assert shown["sub_clusters"][1]["nic_bandwidth"]["source"].startswith("default")
     finally:
         plugin_manager.set_plugin_manager(saved)
