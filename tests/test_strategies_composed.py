@@ -94,3 +94,25 @@ def test_ep_inside_dp_matches_single_process(pool, layout):
         layers, _, experts = MOE_LAYOUTS[layout][stage]
         held = {n.split(".experts.")[1].split(".")[0] for n in r["params"] if ".experts." in n}
         assert held == {str(e) for e in experts[replica]}, (r["rank"], held)
+
+
+# torch's schedules composed with FSDP2 and TP on equal chains (every stage the same DP/TP degree)
+TORCH_COMPOSED = {
+    # Interleaved1F1B x FSDP2: stages alternate between the cuda pair and the kunlun pair (rows 3 + 1)
+    "interleaved-fsdp2": ("Interleaved1F1B", 3, [((0, 1), [((0,), 3), ((1,), 1)]), ((1, 2), [((3,), 3), ((4,), 1)]),
+                                                 ((2, 3), [((0,), 3), ((1,), 1)]), ((3, 4), [((3,), 3), ((4,), 1)])]),
+    # 1F1B x TP=2: a cuda TP pair, then a kunlun TP pair; chains (0 -> 3) and (1 -> 4)
+    "1f1b-tp": ("1F1B", 0, [((0, 2), [((0, 1), 4)]), ((2, 4), [((3, 4), 4)])]),
+}
+
+
+@pytest.mark.parametrize("case", list(TORCH_COMPOSED))
+def test_torch_schedules_composed(pool, case):
+    schedule, zero, stages = TORCH_COMPOSED[case]
+    pj = plan(stages, num_microbatches=4, schedule=schedule, zero=zero)
+    results = pool.run(cases.train_plan, pj, runtime="torch", timeout=240)
+    cases.check(results, pj, "TorchPipeline")
+    members = [r for r in results if r["roles"]]
+    assert all(r["wrappers"] == (["FSDP2"] if zero else ["plain"]) for r in members), members
+    if case.endswith("tp"):
+        assert all(r["dtensors"] >= 14 for r in members), [r["dtensors"] for r in members]
