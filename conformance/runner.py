@@ -102,6 +102,7 @@ class Runner:
         self._bind_hung: dict = {}  # WorkerSpec -> why binding it did not finish
         self._stacks = tempfile.mkdtemp(prefix="hal-conformance-stacks-")
         self._started: set = set()
+        self._free_start: set = set()
         self.bind_timeout_s = bind_timeout_s or bounds.BIND_TIMEOUT_S
 
     def run(self, checks: Iterable[Check]) -> list[CheckResult]:
@@ -155,7 +156,7 @@ class Runner:
         if spec in self._bind_hung:
             return CheckResult(check.id, check.level, "failed", f"not run: {self._bind_hung[spec]}", 0.0)
         t0 = time.perf_counter()
-        why = self._prepare(spec, size, min(bounds.BIND_TIMEOUT_S, left))
+        why = self._prepare(spec, size, min(bounds.BIND_TIMEOUT_S, left), check.level)
         if why:
             return CheckResult(check.id, check.level, "failed", why, time.perf_counter() - t0)
         t0 = time.perf_counter()  # pool start and binding are not the check's time
@@ -176,19 +177,23 @@ class Runner:
                                f"worker pool restarted", time.perf_counter() - t0)
         return self._merge(check, outcomes, time.perf_counter() - t0, size)
 
-    def _prepare(self, spec, size: int, timeout: float) -> Optional[str]:
+    def _prepare(self, spec, size: int, timeout: float, level: str = "") -> Optional[str]:
         """Start the pool and bind `spec` on every rank; a message if that hung (remembered: the
         binding is not retried, every later check needing it fails at once)."""
         pool = self.pool.get(size)
         if self._bound.get(id(pool)) == spec:
             return None
         if id(pool) not in self._started:
+            t0 = time.monotonic()
             try:  # spawn + import torch: no plugin code runs yet, so this is not the plugin's time
                 pool.run(worker.ping, timeout=bounds.POOL_START_TIMEOUT_S, check=False)
             except TimeoutError:
                 self.pool.discard(size)
                 return f"the worker pool of {size} processes did not start within {bounds.POOL_START_TIMEOUT_S:g}s"
             self._started.add(id(pool))
+            if level not in self._free_start:  # one start-up per level is not charged to its budget
+                self._free_start.add(level)
+                self._deadline[level] = self._deadline.get(level, time.monotonic()) + time.monotonic() - t0
         timeout = min(timeout, self.bind_timeout_s)
         stack = os.path.join(self._stacks, "bind")
         try:
