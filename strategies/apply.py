@@ -29,7 +29,8 @@ from torch.utils.checkpoint import checkpoint
 
 from strategies.models.data import IGNORE_INDEX, count_tokens, lm_loss_sum
 from strategies.mesh import HeteroMesh, MeshError
-from strategies.pipeline_parallel import HETERO_SCHEDULES, HeteroPipeline, PipelineError, TorchPipeline
+from strategies.pipeline_parallel import (HETERO_SCHEDULES, HeteroPipeline, PipelineError, TorchPipeline,
+                                         check_torch_layout)
 
 
 class _AttachAux(torch.autograd.Function):
@@ -141,8 +142,9 @@ class AppliedPlan:
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward and backward of this rank's share of the global batch (inputs, targets: (global_batch,
-        seq)); gradients are reduced over DP when it returns. Returns the global mean loss (every rank;
-        one all_reduce of a scalar over the world)."""
+        seq)); gradients are reduced over DP when it returns. Returns the global mean cross-entropy of
+        the step (MoE aux losses are in the gradients, not in this figure) on every rank: one
+        all_reduce of a scalar over the world."""
         mb, M = self.mesh.microbatch_size, self.plan.num_microbatches
         if inputs.shape[0] != mb * M or targets.shape[0] != mb * M:  # on every rank, before any collective
             raise PipelineError(f"rank {self.mesh.rank}: global batch has {inputs.shape[0]} rows (targets "
@@ -210,17 +212,27 @@ def apply_plan(model: nn.Module, plan: Any, topology: Any = None, *, runtime: st
     run `plan.check` when given. `runtime`: "hetero" (HeteroPipeline, any layout, 1F1B/GPipe),
     "torch" (torch.distributed.pipelining schedules; needs equal chains), "auto" (torch for the
     interleaved and zero-bubble schedules, hetero otherwise)."""
+    if runtime not in ("auto", "hetero", "torch"):
+        raise PipelineError(f"apply_plan: runtime={runtime!r}; expected auto, hetero or torch")
     if topology is not None and model_cfg is not None:
         plan.check(topology, model_cfg)
+    use_torch = runtime == "torch" or (runtime == "auto" and plan.schedule not in HETERO_SCHEDULES)
     mesh = HeteroMesh(plan, timeout=timeout)
     S, M = mesh.num_stages, plan.num_microbatches
     cfg = model_cfg or getattr(model, "cfg", None)
     aux_coef = float(getattr(cfg, "moe_aux_loss_coef", 0.0) or 0.0) if getattr(cfg, "experts", 0) else 0.0
-    use_torch = runtime == "torch" or (runtime == "auto" and plan.schedule not in HETERO_SCHEDULES)
-    if runtime not in ("auto", "hetero", "torch"):
-        raise PipelineError(f"apply_plan: runtime={runtime!r}; expected auto, hetero or torch")
+    # layout verdicts every rank reaches alike, before any stage is built (no rank left in a collective)
     if use_torch:
+        check_torch_layout(mesh, plan.schedule)
         mesh.chain_group(timeout)  # every rank creates the chain groups, idle ranks included
+    else:
+        if plan.schedule not in HETERO_SCHEDULES:
+            raise PipelineError(f"apply_plan: schedule {plan.schedule!r} needs runtime 'torch' (or 'auto')")
+        multi = sorted({r for g in mesh.grids for r in g.all_ranks
+                        if sum(r in h.all_ranks for h in mesh.grids) > 1})
+        if multi:
+            raise PipelineError(f"ranks {multi} host several stages; the hetero runtime runs one stage per "
+                                f"rank (use an interleaved schedule on torch's runtime)")
     modules: dict[int, nn.Module] = {}
     expert_ids: set[int] = set()
     for role in mesh.roles:
@@ -241,11 +253,9 @@ def apply_plan(model: nn.Module, plan: Any, topology: Any = None, *, runtime: st
         rt = TorchPipeline(modules, mesh, loss, M, plan.schedule, device, timeout,
                            examples=lambda s: _examples(mesh, s, cfg, device))
     else:
-        if len(modules) != 1:
-            raise PipelineError(f"rank {mesh.rank} hosts stages {sorted(modules)}; several stages per rank "
-                                f"need an interleaved schedule on the torch runtime")
         (mod,) = modules.values()
-        rt = HeteroPipeline(mod, mesh, loss, M, feature, schedule=plan.schedule, device=device)
+        dtype = next(model.parameters()).dtype  # activations between stages travel in the model's dtype
+        rt = HeteroPipeline(mod, mesh, loss, M, feature, dtype=dtype, schedule=plan.schedule, device=device)
 
     def grad_sync() -> None:
         if plan.zero == 0:
@@ -292,14 +302,14 @@ def _apply_tp(mod: StageModule, mesh: HeteroMesh, s: int, zero: int) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
     tpm.check_tp_group(group)
     blocks = list(mod.blocks.values())
-    seq, tp = mod_seq(mod), sub.size()
+    seq, tp = _seq_of(mod), sub.size()
     if seq is not None and seq % tp:
         raise tpm.TensorParallelError(f"sequence parallel: seq = {seq} does not divide by TP degree {tp}")
     for i, block in enumerate(blocks):
         parallelize_module(block, sub, tpm.block_plan(block, True, first=i == 0, last=i == len(blocks) - 1))
 
 
-def mod_seq(mod: StageModule):
+def _seq_of(mod: StageModule) -> Optional[int]:
     return mod.rope_cos.shape[0] if mod.rope else None
 
 

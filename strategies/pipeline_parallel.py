@@ -30,7 +30,7 @@ users (tests/test_bridge_strategies.py).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -227,6 +227,32 @@ class HeteroPipeline:
         return total
 
 
+def check_torch_layout(mesh: HeteroMesh, schedule: str) -> None:
+    """PipelineError unless torch's `schedule` can run the plan: equal chains, and a chain's stages on
+    its ranks in the order the schedule assumes (one stage per rank for 1F1B/GPipe; stage i on chain
+    rank i mod pp for the looped schedules; the V order for ZBVZeroBubble). Needs no communication, so
+    every rank reaches the same verdict before any group is used."""
+    if schedule not in TORCH_SCHEDULES:
+        raise PipelineError(f"schedule={schedule!r}; torch's schedules here are {list(TORCH_SCHEDULES)}")
+    _, multi, style = TORCH_SCHEDULES[schedule]
+    chains = mesh.chains()
+    if chains is None:
+        raise PipelineError(f"schedule {schedule} runs on torch's pipelining, which needs equal chains, but "
+                            f"the plan's stages differ in DP/TP degree or row ranges:\n{mesh.describe()}")
+    for chain in chains:
+        S, ranks = len(chain), sorted(set(chain))
+        pp = len(ranks)
+        if multi:
+            want = generate_stage_to_rank_mapping(pp, S, style=style)
+            got = {s: ranks.index(r) for s, r in enumerate(chain)}
+            if want != got:
+                raise PipelineError(f"schedule {schedule} puts stage i on chain rank {want} ({style} order), "
+                                    f"but the plan's chain {chain} gives {got}")
+        elif pp != S:
+            raise PipelineError(f"schedule {schedule} runs one stage per rank, but chain {chain} hosts "
+                                f"{S} stages on {pp} ranks")
+
+
 class TorchPipeline:
     """torch.distributed.pipelining on this rank's chain (equal DP/TP degree in every stage).
 
@@ -240,23 +266,14 @@ class TorchPipeline:
                  examples: Optional[Callable[[int], tuple[torch.Tensor, torch.Tensor]]] = None) -> None:
         if schedule not in TORCH_SCHEDULES:
             raise PipelineError(f"TorchPipeline: schedule={schedule!r}; expected one of {list(TORCH_SCHEDULES)}")
-        cls, multi, style = TORCH_SCHEDULES[schedule]
+        cls, multi, _ = TORCH_SCHEDULES[schedule]
+        check_torch_layout(mesh, schedule)
         mine = mesh.chain_group(timeout)  # built on every rank by apply_plan first; cached here
         if mine is None:
             raise PipelineError(f"rank {mesh.rank} is in no pipeline chain {mesh.chains()}")
         chain, group = mine
         S = len(chain)
         ranks = sorted(set(chain))
-        pp = len(ranks)
-        if multi:
-            want = generate_stage_to_rank_mapping(pp, S, style=style)
-            got = {s: ranks.index(r) for s, r in enumerate(chain)}
-            if want != got:
-                raise PipelineError(f"schedule {schedule} puts stage i on chain rank {want} ({style} order), but "
-                                    f"the plan's chain {chain} gives {got}")
-        elif pp != S:
-            raise PipelineError(f"schedule {schedule} runs one stage per rank, but chain {chain} hosts "
-                                f"{S} stages on {pp} ranks")
         if sorted(modules) != [s for s, r in enumerate(chain) if r == mesh.rank]:
             raise PipelineError(f"rank {mesh.rank}: modules for stages {sorted(modules)}, chain {chain} "
                                 f"puts stages {[s for s, r in enumerate(chain) if r == mesh.rank]} here")
