@@ -76,3 +76,16 @@ def test_failure_messages_say_expected_and_got(pool):
     (res,) = report.results
     assert res.status == "failed"
     assert "root=1" in res.message and "expected" in res.message and "got" in res.message, res.message
+
+
+def test_bridge_level_reaches_the_plugins_own_ccl_by_default(pool):
+    """Issue 17, item 8: with the default ranks the bridge group holds 2 ranks of the plugin's chip,
+    so a bug in its own CCL (bad_bf16_via_fp16: bfloat16 sums through float16, in every reducing
+    collective) fails the bridge level too; with one rank per chip the bridge never called that CCL."""
+    target = load_target("tests.broken_plugins.bad_bf16_via_fp16", nproc=2, group_timeout_s=20)
+    report = run_suite(target, ["bridge"], ["bridge.all_reduce.bfloat16.sum", "bridge.all_reduce.float32.sum"],
+                       pool=pool)
+    res = {r.id: r for r in report.results}
+    assert res["bridge.all_reduce.bfloat16.sum"].status == "failed", res["bridge.all_reduce.bfloat16.sum"].message
+    assert res["bridge.all_reduce.float32.sum"].status == "passed", res["bridge.all_reduce.float32.sum"].message
+    assert "2 on bad_bf16_via_fp16" in res["bridge.all_reduce.float32.sum"].message

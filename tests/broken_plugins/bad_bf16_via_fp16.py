@@ -17,15 +17,40 @@ STILL_PASSES = ["collectives.all_reduce.float16.sum"]
 MESSAGE = ["outside the rounding bound"]
 
 
+def _via_fp16(inner_call, tensors: list, opts, *rest):
+    """Run a reducing collective on float16 copies of bfloat16 tensors and copy back (the bug)."""
+    halves = [t.to(torch.float16) for t in tensors]
+    work = inner_call(halves, opts, *rest)
+    work.wait()
+    for t, h in zip(tensors, halves):
+        t.copy_(h.to(torch.bfloat16))
+    return work
+
+
+def _is_bf16_sum(t, opts) -> bool:
+    return t.dtype == torch.bfloat16 and getattr(opts, "reduceOp", dist.ReduceOp.SUM) == dist.ReduceOp.SUM
+
+
 class Group(GroupProxy):
+    # The same kernel serves every reducing collective (the bridge reduces inside a chip with
+    # reduce-scatter and reduce, so the bridge level meets the bug too).
     def allreduce(self, tensors, opts=None, *args):
-        t = tensors[0]
-        if t.dtype != torch.bfloat16 or getattr(opts, "reduceOp", dist.ReduceOp.SUM) != dist.ReduceOp.SUM:
+        if not _is_bf16_sum(tensors[0], opts):
             return self.inner.allreduce(tensors, *(a for a in (opts, *args) if a is not None))
-        half = t.to(torch.float16)
-        work = self.inner.allreduce([half], opts)
+        return _via_fp16(lambda ts, o: self.inner.allreduce(ts, o), tensors, opts)
+
+    def reduce(self, tensors, opts=None, *args):
+        if not _is_bf16_sum(tensors[0], opts):
+            return self.inner.reduce(tensors, *(a for a in (opts, *args) if a is not None))
+        return _via_fp16(lambda ts, o: self.inner.reduce(ts, o), tensors, opts)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        if not _is_bf16_sum(input, opts):
+            return self.inner._reduce_scatter_base(output, input, *(a for a in (opts,) if a is not None))
+        out16, in16 = output.to(torch.float16), input.to(torch.float16)
+        work = self.inner._reduce_scatter_base(out16, in16, opts)
         work.wait()
-        t.copy_(half.to(torch.bfloat16))
+        output.copy_(out16.to(torch.bfloat16))
         return work
 
 
