@@ -116,3 +116,29 @@ def test_torch_schedules_composed(pool, case):
     assert all(r["wrappers"] == (["FSDP2"] if zero else ["plain"]) for r in members), members
     if case.endswith("tp"):
         assert all(r["dtensors"] >= 14 for r in members), [r["dtensors"] for r in members]
+
+
+@pytest.mark.parametrize("stage_ranks", [[[0, 1], [2, 5]], [[0, 3], [1, 5]]], ids=["3+1", "2+1+1"])
+def test_even_and_speed_weighted_plans_agree(pool, stage_ranks):
+    # the naive even plan and a speed-weighted one (cuda 2x ascend, kunlun 1.5x) of the same model and
+    # global batch: layers and rows move between chips, the trained parameters do not
+    from hal.topology import Topology
+    from strategies.plan import Plan
+    cfg, _ = cases.build("tiny")
+    topo = Topology.from_chips(["cuda"] * 3 + ["kunlun"] * 2 + ["ascend"])
+    kw = dict(num_microbatches=2, stage_ranks=stage_ranks, check=False)
+    even = Plan.even(topo, cfg, 12, **kw)
+    weighted = Plan.weighted(topo, cfg, 12, speeds={"cuda": 2.0, "kunlun": 1.5, "ascend": 1.0}, **kw)
+    assert [s.layers for s in even.stages] != [s.layers for s in weighted.stages] or \
+        [r.microbatch for s in even.stages for r in s.replicas] != \
+        [r.microbatch for s in weighted.stages for r in s.replicas], "the two plans must differ"
+    finals = []
+    for p in (even, weighted):
+        results = pool.run(cases.train_plan, p.to_json(), timeout=240)
+        cases.check(results, p.to_json(), "HeteroPipeline")
+        held = {}
+        for r in results:
+            held.update(r["params"])
+        finals.append(held)
+    gap = max((finals[0][n] - finals[1][n]).abs().max().item() for n in finals[0])
+    assert gap <= cases.TOL, f"even and speed-weighted plans differ by {gap}"
