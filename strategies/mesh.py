@@ -113,6 +113,33 @@ def grids_from_plan(plan: Any) -> list[StageGrid]:
     return grids
 
 
+def forward_transfers(a: StageGrid, b: StageGrid) -> list[Transfer]:
+    """Activation rows from stage a to the next stage b: every receiver (replica k, TP index t) of b
+    gets, from TP index t mod tp_a of every replica of a whose rows overlap k's, the overlap."""
+    out = []
+    for k, rep_b in enumerate(b.ranks):
+        for t, dst in enumerate(rep_b):
+            for j, rep_a in enumerate(a.ranks):
+                ov = _overlap(a.rows[j], b.rows[k])
+                if ov:
+                    out.append(Transfer(rep_a[t % a.tp], dst, *ov))
+    return out
+
+
+def backward_transfers(a: StageGrid, b: StageGrid) -> list[Transfer]:
+    """Gradient rows from stage b back to stage a: every receiver (replica j, TP index t) of a gets,
+    from TP index t mod tp_b of every replica of b whose rows overlap j's, the overlap (the same rows
+    the activations came by; each TP rank of a needs the full gradient of its output)."""
+    out = []
+    for j, rep_a in enumerate(a.ranks):
+        for t, dst in enumerate(rep_a):
+            for k, rep_b in enumerate(b.ranks):
+                ov = _overlap(a.rows[j], b.rows[k])
+                if ov:
+                    out.append(Transfer(rep_b[t % b.tp], dst, *ov))
+    return out
+
+
 class HeteroMesh:
     """Every group a Plan needs, for this rank; construct it on every rank of the world (collective)."""
 
@@ -200,32 +227,12 @@ class HeteroMesh:
 
     # ---- pipeline neighbours ------------------------------------------------------------------------
     def transfers(self, boundary: int) -> list[Transfer]:
-        """Forward sends across the boundary between stages `boundary` and `boundary + 1`: for every
-        receiver (replica k, TP index t) of the later stage, from TP index t mod tp of every earlier
-        replica whose rows overlap k's. Gradients go back along the same rows in the opposite direction
-        by the same peer rule (see `grad_transfers`)."""
-        a, b = self.grids[boundary], self.grids[boundary + 1]
-        out = []
-        for k, rep_b in enumerate(b.ranks):
-            for t, dst in enumerate(rep_b):
-                for j, rep_a in enumerate(a.ranks):
-                    ov = _overlap(a.rows[j], b.rows[k])
-                    if ov:
-                        out.append(Transfer(rep_a[t % a.tp], dst, *ov))
-        return out
+        """Forward sends across the boundary between stages `boundary` and `boundary + 1`."""
+        return forward_transfers(self.grids[boundary], self.grids[boundary + 1])
 
     def grad_transfers(self, boundary: int) -> list[Transfer]:
-        """Backward sends across the boundary: gradient rows from stage `boundary + 1` to `boundary`;
-        receiver (replica j, TP index t) of the earlier stage gets from TP index t mod tp of the later."""
-        a, b = self.grids[boundary], self.grids[boundary + 1]
-        out = []
-        for j, rep_a in enumerate(a.ranks):
-            for t, dst in enumerate(rep_a):
-                for k, rep_b in enumerate(b.ranks):
-                    ov = _overlap(a.rows[j], b.rows[k])
-                    if ov:
-                        out.append(Transfer(rep_b[t % b.tp], dst, *ov))
-        return out
+        """Backward (gradient) sends across the boundary, from stage `boundary + 1` to `boundary`."""
+        return backward_transfers(self.grids[boundary], self.grids[boundary + 1])
 
     def chains(self) -> Optional[list[list[int]]]:
         """The rank chains torch's own pipelining schedules can run on, or None.

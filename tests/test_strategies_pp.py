@@ -91,3 +91,35 @@ def test_layout_errors_are_typed(pool):
     errs = pool.run(cases.expect_error, pj, "auto", 5, timeout=120)
     assert all("global batch has 5 rows (targets 5), plan expects 3 micro-batches x 4 rows = 12" in e["message"]
                for e in errs), errs  # every rank, idle ones too: no rank is left in a collective
+
+
+def test_row_transfers_of_the_documented_3_plus_1_layout():
+    # docs/strategies.md's drawing (examples/plans/tiny-pp-3+1.toml), no processes needed
+    from strategies.mesh import Transfer, backward_transfers, forward_transfers, grids_from_plan
+    from strategies.plan import Plan
+    a, b = grids_from_plan(Plan.load("examples/plans/tiny-pp-3+1.toml"))
+    assert (a.rows, b.rows) == ([(0, 4), (4, 8)], [(0, 5), (5, 8)])
+    assert sorted(forward_transfers(a, b), key=lambda t: (t.dst, t.start)) == [
+        Transfer(0, 2, 0, 4), Transfer(1, 2, 4, 5), Transfer(1, 3, 5, 8)]
+    assert sorted(backward_transfers(a, b), key=lambda t: (t.dst, t.start)) == [
+        Transfer(2, 0, 0, 4), Transfer(2, 1, 4, 5), Transfer(3, 1, 5, 8)]
+
+
+def test_tp_peer_rule_between_stages_of_different_tp_degree():
+    # stage a: one TP=2 replica; stage b: two TP=1 replicas. Forward: each b rank hears from TP index 0
+    # of a; backward: both TP ranks of a get the full gradient (t mod 1 = 0 of each b replica)
+    from strategies.mesh import StageGrid, Transfer, backward_transfers, forward_transfers
+    a = StageGrid(0, (0, 2), [[0, 1]], [(0, 4)])
+    b = StageGrid(1, (2, 4), [[2], [3]], [(0, 3), (3, 4)])
+    assert forward_transfers(a, b) == [Transfer(0, 2, 0, 3), Transfer(0, 3, 3, 4)]
+    assert backward_transfers(a, b) == [Transfer(2, 0, 0, 3), Transfer(3, 0, 3, 4),
+                                        Transfer(2, 1, 0, 3), Transfer(3, 1, 3, 4)]
+
+
+def test_one_f_one_b_order():
+    from strategies.pipeline_parallel import one_f_one_b
+    # last stage alternates from the start; the first of 3 stages warms up with 2 forwards
+    assert one_f_one_b(2, 3, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
+    assert one_f_one_b(0, 3, 3) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]
+    assert one_f_one_b(0, 3, 4) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2),
+                                    ("B", 3)]
