@@ -4,7 +4,8 @@ parameter matches a single-process run of the same model on the same global batc
 
 One 6-rank WorkerPool: cuda:3 (ranks 0-2), kunlun:2 (3-4), ascend:1 (5), all EMULATED on the CPU
 (`hetero` backend). Layouts are plans over 4 of its ranks: 2+2 = [0,1,3,4], 3+1 = [0,1,2,5],
-2+1+1 = [0,1,3,5]. TP groups stay inside one chip kind (Plan.check's rule); DP groups cross chips.
+2+1+1 = [0,1,3,5]; one MoE case uses the whole 3+2+1 world (DP 2 x TP 2 x EP 2 in one stage). TP
+groups stay inside one chip kind (Plan.check's rule); DP and EP groups cross chips.
 
 Tolerance (tests/_pp_cases.TOL): 2e-5 absolute on fp32 parameters. The distributed step computes the
 same sums in another order: per-replica partial gradients SUM-reduced over DP, TP's row-parallel
@@ -79,6 +80,10 @@ MOE_LAYOUTS = {
             ((2, 4), [((5,), 4)], [[0, 1, 2, 3]])],
     "2+1+1": [((0, 2), [((0, 1), 4)], [[0, 1, 2, 3]]),
               ((2, 4), [((3,), 1), ((5,), 3)], [[0], [1, 2, 3]])],
+    # all 6 ranks: stage 0 = two TP=2 replicas (cuda pair 3 rows, kunlun pair 1 row), EP over each TP
+    # index ({0, 3} and {1, 4}); stage 1 = cuda rank 2 and ascend rank 5
+    "3+2+1 tp-ep": [((0, 3), [((0, 1), 3), ((3, 4), 1)], [[0, 1, 2], [3]]),
+                    ((3, 4), [((2,), 2), ((5,), 2)], [[0, 1], [2, 3]])],
 }
 
 
