@@ -57,8 +57,8 @@ def all_to_all_model_s(size: int, rate_bps: float, w: int = 4, n: int = 2) -> fl
 
 
 def run_op(bed: Testbed, op: str, args, json_path: str) -> tuple[dict, dict, float]:
-    target = ["-m", "ccl_bridge.cli_bench", "comm", "--op", op, "--backend", "hetero", "--baseline", "gloo",
-              "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes, "--step-factor", "2",
+    target = ["-m", "ccl_bridge.cli_bench", "comm", "--op", op, "--backend", "hetero",
+              *([] if args.no_baseline else ["--baseline", "gloo"]), "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes, "--step-factor", "2",
               "--iters", str(args.iters), "--warmup", "1", "--repeats", str(args.repeats),
               "--timeout", "600", "--json", json_path]
     if op == "all_reduce":
@@ -88,6 +88,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--job-timeout", type=float, default=1200.0)
     p.add_argument("--json", default=None, help="write every figure here")
+    p.add_argument("--no-baseline", action="store_true", help="hetero only (no flat gloo run): quicker sweeps")
     args = p.parse_args()
     rate = parse_rate(args.rate)
     out = {"rate_bps": rate, "ops": {}}
@@ -106,7 +107,7 @@ def main() -> int:
         base = {r["size_bytes"]: r for r in res["report"]["baseline_rows"]}
         for size, r in rows.items():
             het_ms = r["time_us"] / 1e3
-            gl_ms = base[size]["time_us"] / 1e3
+            gl_ms = base[size]["time_us"] / 1e3 if size in base else float("nan")
             if op == "all_to_all":
                 m_het = m_gl = all_to_all_model_s(size, rate) * 1e3
             else:
