@@ -148,3 +148,12 @@ def test_even_and_speed_weighted_plans_agree(pool, stage_ranks):
         finals.append(held)
     gap = max((finals[0][n] - finals[1][n]).abs().max().item() for n in finals[0])
     assert gap <= cases.TOL, f"even and speed-weighted plans differ by {gap}"
+
+
+def test_ep_on_torch_interleaved_schedule(pool):
+    # MoE stages on torch's Interleaved1F1B: both chains run the same action order, so each stage's EP
+    # all_to_all (across the cuda|kunlun replicas) stays matched
+    stages = [((0, 1), [((0,), 3), ((3,), 1)], [[0, 1, 2], [3]]), ((1, 2), [((1,), 3), ((4,), 1)], [[0, 1], [2, 3]]),
+              ((2, 3), [((0,), 3), ((3,), 1)], [[0], [1, 2, 3]]), ((3, 4), [((1,), 3), ((4,), 1)], [[0, 1, 2], [3]])]
+    pj = plan(stages, num_microbatches=2, schedule="Interleaved1F1B")
+    cases.check(pool.run(cases.train_plan, pj, "moe", timeout=240), pj, "TorchPipeline", "moe")
