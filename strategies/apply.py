@@ -67,7 +67,6 @@ class StageModule(nn.Module):
         self.head = model.head if last else None
         self.recompute = recompute == "full"
         self.aux_coef, self.aux_scale = aux_coef, aux_scale
-        self.is_last = last
         # GPT's blocks take the rotary tables (shared, not parameters); the tiny transformer's do not
         self.rope = hasattr(model, "rope_cos")
         if self.rope:
@@ -90,11 +89,12 @@ class StageModule(nn.Module):
         return x if aux is None else _AttachAux.apply(x, aux)
 
     def aux_loss(self) -> Optional[torch.Tensor]:
-        """coef x sum of this stage's MoE layers' aux-loss shares x aux_scale (1/num_microbatches)."""
+        """coef x sum of this stage's MoE layers' aux-loss shares (GPT.aux_loss over this stage's blocks)
+        x aux_scale (1/num_microbatches, as strategies.data_parallel.accumulate scales it)."""
         if not self.aux_coef:
             return None
-        shares = [m.aux_loss for m in self.modules() if getattr(m, "aux_loss", None) is not None
-                  and m is not self]
+        from strategies.moe import MoE
+        shares = [m.aux_loss for m in self.modules() if isinstance(m, MoE) and m.aux_loss is not None]
         if not shares:
             return None
         return self.aux_coef * self.aux_scale * torch.stack([s.float() for s in shares]).sum()
