@@ -24,6 +24,8 @@ RuntimeErrors ("Invalid scalar type", "Cannot use ReduceOp.PREMUL_SUM with Gloo"
 """
 from __future__ import annotations
 
+import atexit
+import weakref
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -45,6 +47,16 @@ _COLLECTIVE = {
 }
 _REDUCING = {"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"}
 _SUPPORTED: set = set()  # filled on first use from hal/data/gloo_capabilities.json
+_live: "weakref.WeakSet[StridedSafeGloo]" = weakref.WeakSet()
+
+
+@atexit.register
+def _release_all() -> None:
+    """Drop the inner gloo groups while the interpreter is whole: destroyed later, during teardown,
+    gloo's threads could be left joinable ("terminate called without an active exception", seen
+    about once in 6 exits of a process holding two of these groups)."""
+    for pg in list(_live):
+        pg._gloo = None
 
 
 def _supported() -> set:
@@ -64,6 +76,9 @@ def _tensors(arg: Any):
 
 
 def _needs_staging(args: tuple) -> bool:
+    a0 = args[0] if args else None
+    if len(args) <= 2 and type(a0) is list and len(a0) == 1 and type(a0[0]) is torch.Tensor:
+        return not a0[0].is_contiguous()  # the common ([tensor], opts) form, without a generator
     return any(not t.is_contiguous() for a in args for t in _tensors(a))
 
 
@@ -127,18 +142,32 @@ class _StagedWork(dist.Work):
         return self._inner.get_future().then(done)
 
 
+_VERDICTS: dict = {}  # (collective, dtype, RedOpType or None) -> None (supported) or what is not
+
+
 def _check_supported(pg: "StridedSafeGloo", coll: str, args: tuple) -> None:
-    """Refuse what gloo does not support (see the module docstring) with a typed error."""
-    tensor = next((t for a in args for t in _tensors(a)), None)
-    if tensor is None:
-        return
-    op = "-"
+    """Refuse what gloo does not support (see the module docstring) with a typed error. Verdicts are
+    cached per (collective, dtype, op): a dict lookup per call after the first."""
+    a0 = args[0] if args else None
+    if type(a0) is list and a0 and type(a0[0]) is torch.Tensor:  # the common [tensor, ...] form
+        tensor = a0[0]
+    else:
+        tensor = next((t for a in args for t in _tensors(a)), None)
+        if tensor is None:
+            return
+    redop = None
     if coll in _REDUCING:
-        opts = next((a for a in args if hasattr(a, "reduceOp")), None)
-        op = reduce_op_name(opts.reduceOp.op) if opts is not None else "sum"
-    dtype = str(tensor.dtype).removeprefix("torch.")
-    if (coll, dtype, op) not in _supported():
-        what = f"dtype {dtype}" + (f", op {op}" if op != "-" else "")
+        last = args[-1]
+        redop = last.reduceOp.op if hasattr(last, "reduceOp") else dist.ReduceOp.SUM
+    key = (coll, tensor.dtype, redop)
+    try:
+        what = _VERDICTS[key]
+    except KeyError:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        op = reduce_op_name(redop) if redop is not None else "-"
+        what = None if (coll, dtype, op) in _supported() else f"dtype {dtype}" + (f", op {op}" if op != "-" else "")
+        _VERDICTS[key] = what
+    if what is not None:
         raise NotSupportedError(f"gloo {coll} on rank {pg.rank()} of {pg.size()}: {what} is not supported by torch "
                                 f"{torch.__version__}'s ProcessGroupGloo (hal/data/gloo_capabilities.json, "
                                 f"measured by `python -m hal_cpu.measure_capabilities --backend gloo`)")
@@ -173,6 +202,7 @@ class StridedSafeGloo(dist.ProcessGroup):
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
         self._group_name = ""
         self._group_desc = ""
+        _live.add(self)
 
     @property
     def gloo(self) -> dist.ProcessGroup:
