@@ -61,6 +61,7 @@ class StageModule(nn.Module):
     def __init__(self, model: nn.Module, layers: tuple[int, int], first: bool, last: bool,
                  recompute: str = "none", aux_coef: float = 0.0, aux_scale: float = 1.0) -> None:
         super().__init__()
+        self.cfg = getattr(model, "cfg", None)  # sizes, for the strategies' own checks (TP's seq % tp)
         self.embed = model.embed if first else None
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in range(*layers)})
         self.norm = getattr(model, "norm", None) if last else None
@@ -241,7 +242,7 @@ def apply_plan(model: nn.Module, plan: Any, topology: Any = None, *, runtime: st
         mod = StageModule(model, tuple(st.layers), s == 0, s == S - 1, st.recompute, aux_coef, 1.0 / M)
         grid = mesh.grids[s]
         if grid.tp > 1:
-            _apply_tp(mod, mesh, s, plan.zero)
+            _apply_tp(mod, mesh, s, plan.zero, topology)
         if grid.experts is not None:
             expert_ids |= _apply_ep(mod, mesh, s)
         modules[s] = _apply_dp(mod, plan.zero, mesh, s, grid.experts is not None, ddp=not use_torch)
@@ -281,36 +282,14 @@ def _is_wrapped(m: nn.Module) -> bool:
     return isinstance(m, (DistributedDataParallel, FSDPModule))
 
 
-def _apply_tp(mod: StageModule, mesh: HeteroMesh, s: int, zero: int) -> None:
-    """H4's tensor parallel (strategies.tensor_parallel) on the stage's blocks over its TP group.
-
-    With FSDP2 on top (zero 2/3), torch 2.13's FSDP2 concatenates the DP and TP meshes and needs both
-    cut from ONE parent mesh (fsdp/_fully_shard/_fsdp_param.py, DeviceMesh._concatenate): then the
-    stage's 2-D ("dp", "tp") mesh from HeteroMesh is used, through apply_tp's `mesh` argument when it
-    has one, else by applying H4's per-block plan (block_plan) on mesh["tp"] here."""
-    import inspect
-
-    from strategies import tensor_parallel as tpm
-    group = mesh.tp_group(s)
-    if zero == 0:
-        tpm.apply_tp(mod, group, device_type=mesh.device_type)
-        return
-    sub = mesh.device_mesh(s)["tp"]
-    if "mesh" in inspect.signature(tpm.apply_tp).parameters:
-        tpm.apply_tp(mod, group, mesh=sub)
-        return
-    from torch.distributed.tensor.parallel import parallelize_module
-    tpm.check_tp_group(group)
-    blocks = list(mod.blocks.values())
-    seq, tp = _seq_of(mod), sub.size()
-    if seq is not None and seq % tp:
-        raise tpm.TensorParallelError(f"sequence parallel: seq = {seq} does not divide by TP degree {tp}")
-    for i, block in enumerate(blocks):
-        parallelize_module(block, sub, tpm.block_plan(block, True, first=i == 0, last=i == len(blocks) - 1))
-
-
-def _seq_of(mod: StageModule) -> Optional[int]:
-    return mod.rope_cos.shape[0] if mod.rope else None
+def _apply_tp(mod: StageModule, mesh: HeteroMesh, s: int, zero: int, topology: Any = None) -> None:
+    """H4's tensor parallel (strategies.tensor_parallel.apply_tp) on the stage's blocks over its TP
+    group. With FSDP2 on top (zero 2/3) it shards on the "tp" dimension of the stage's 2-D ("dp", "tp")
+    mesh: torch 2.13's fully_shard concatenates the DP and TP meshes and needs both cut from one parent
+    (fsdp/_fully_shard/_fsdp_param.py, DeviceMesh._concatenate)."""
+    from strategies.tensor_parallel import apply_tp
+    sub = mesh.device_mesh(s)["tp"] if zero else None
+    apply_tp(mod, mesh.tp_group(s), topology=topology, device_type=mesh.device_type, mesh=sub)
 
 
 def _apply_ep(mod: StageModule, mesh: HeteroMesh, s: int) -> set[int]:
