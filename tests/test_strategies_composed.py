@@ -157,3 +157,14 @@ def test_ep_on_torch_interleaved_schedule(pool):
               ((2, 3), [((0,), 3), ((3,), 1)], [[0], [1, 2, 3]]), ((3, 4), [((1,), 3), ((4,), 1)], [[0, 1, 2], [3]])]
     pj = plan(stages, num_microbatches=2, schedule="Interleaved1F1B")
     cases.check(pool.run(cases.train_plan, pj, "moe", timeout=240), pj, "TorchPipeline", "moe")
+
+
+def test_example_plan_file_trains_like_one_process(pool):
+    # docs/strategies.md's 3+1 example as a user loads it (ranks 0-3 of the pool: rank 3 is an emulated
+    # kunlun here, not the ascend of the drawing; the maths does not depend on the chip kind)
+    from strategies.models import ModelConfig
+    from strategies.plan import Plan
+    cfg, _ = cases.build("tiny")
+    assert ModelConfig.from_toml("examples/models/tiny.toml") == cfg  # the same model the file is for
+    pj = Plan.load("examples/plans/tiny-pp-3+1.toml").to_json()
+    cases.check(pool.run(cases.train_plan, pj, timeout=240), pj, "HeteroPipeline")
