@@ -199,16 +199,20 @@ class Accelerator:
 
         `global_ranks` (the members' global ranks, in group-rank order) and `group_name` (the same on
         every member, unique in the job) are handed to the plugin (contract 1.1). Callers that
-        know them (the bridge: torch's `global_ranks_in_group` and group id) must pass them; when
-        omitted, the group is taken to be ranks 0..world_size-1 and a name is agreed through
-        `store` (`agree_group_name`), never a per-process counter."""
+        know them (the bridge: torch's `global_ranks_in_group` and group id) should pass them; when
+        omitted they are agreed through `store` (`agree_group_identity`: one store round per member),
+        never taken from a per-process counter."""
         if self.emulated:
             return create_cpu_process_group(store, rank, world_size, timeout)
-        ranks = list(range(world_size)) if global_ranks is None else [int(r) for r in global_ranks]
+        agreed_name, agreed_ranks = "", list(range(world_size))
+        valid = isinstance(timeout, timedelta) and timeout.total_seconds() > 0 and 0 <= rank < world_size
+        if (global_ranks is None or group_name is None) and valid:  # else the plugin refuses the arguments
+            agreed_name, agreed_ranks = agree_group_identity(store, rank, world_size, timeout)
+        ranks = agreed_ranks if global_ranks is None else [int(r) for r in global_ranks]
         if len(ranks) != world_size or len(set(ranks)) != world_size or min(ranks, default=0) < 0:
             raise ValueError(f"chip {self.chip.name!r}, new_process_group: global_ranks={ranks} must be "
                              f"{world_size} distinct non-negative ranks (world_size={world_size})")
-        name = agree_group_name(store, rank, timeout) if group_name is None else str(group_name)
+        name = agreed_name if group_name is None else str(group_name)
         if not name:
             raise ValueError(f"chip {self.chip.name!r}, new_process_group: group_name must be a non-empty "
                              f"string that every member shares, got {group_name!r}")
@@ -231,17 +235,20 @@ class Accelerator:
 GROUP_NAME_KEY = "hal/group_name"
 
 
-def agree_group_name(store: Any, rank: int, timeout: timedelta) -> str:
-    """A name for a new group that every member reads the same and no other group has: rank 0
-    writes a random one under a key numbered by how many groups this member has built on `store`
-    (every member builds the same groups on one store prefix in the same order, as torch assumes),
-    the others wait for it, at most `timeout`."""
+def agree_group_identity(store: Any, rank: int, world_size: int, timeout: timedelta) -> tuple[str, list[int]]:
+    """(name, global ranks) of a new group, the same on every member, when the caller did not give
+    them: rank 0 writes a random name and every member its global rank (torchrun's RANK; its group
+    rank without one) under keys numbered by how many groups this member has built on `store`
+    (every member builds the same groups on one store prefix in the same order, as torch assumes);
+    each waits for all of them, at most `timeout` (a torch.distributed error after it, never a hang)."""
     gen = store.add(f"{GROUP_NAME_KEY}/gen/{rank}", 1)
-    key = f"{GROUP_NAME_KEY}/{gen}"
+    base = f"{GROUP_NAME_KEY}/{gen}"
     if rank == 0:
-        store.set(key, f"hal-{uuid.uuid4().hex[:16]}")
-    store.wait([key], timeout)  # raises a torch.distributed error after `timeout`, never hangs
-    return store.get(key).decode()
+        store.set(f"{base}/name", f"hal-{uuid.uuid4().hex[:16]}")
+    store.set(f"{base}/rank/{rank}", os.environ.get("RANK", str(rank)))
+    keys = [f"{base}/name"] + [f"{base}/rank/{r}" for r in range(world_size)]
+    store.wait(keys, timeout)
+    return store.get(keys[0]).decode(), [int(store.get(k)) for k in keys[1:]]
 
 
 def _device_name(runtime: DeviceRuntime) -> Optional[str]:

@@ -135,15 +135,25 @@ def test_process_group_gets_global_ranks_and_group_name(pm, fake_nvidia):
                           group_name="hetero/intra/1")
     rec = fake_nccl.CREATED[-1]
     assert rec["global_ranks_in_group"] == [4, 6, 7] and rec["group_name"] == "hetero/intra/1"
-    # Without them (a caller that does not know), ranks 0..n-1 and a name agreed through the store.
-    store = dist.HashStore()
-    acc.new_process_group(store, 0, 2, timedelta(seconds=5))
-    first = fake_nccl.CREATED[-1]["group_name"]
-    acc.new_process_group(store, 0, 2, timedelta(seconds=5))
-    assert fake_nccl.CREATED[-2]["global_ranks_in_group"] == [0, 1]
-    assert first.startswith("hal-") and fake_nccl.CREATED[-1]["group_name"] != first
+    # Without them (a caller that does not know), both are agreed through the group's store: every
+    # member gets the same name and the members' global ranks (RANK; the group rank without it).
+    import threading
+    store, results = dist.HashStore(), {}
+
+    def member(r):
+        acc.new_process_group(store, r, 2, timedelta(seconds=20))
+        results[r] = next(c for c in reversed(fake_nccl.CREATED) if c["rank"] == r)
+    for _ in range(2):  # two groups on one store: two names
+        threads = [threading.Thread(target=member, args=(r,)) for r in (0, 1)]
+        [th.start() for th in threads]
+        [th.join(60) for th in threads]
+        assert results[0]["group_name"] == results[1]["group_name"] and results[0]["group_name"].startswith("hal-")
+        assert results[0]["global_ranks_in_group"] == results[1]["global_ranks_in_group"] == [0, 1]
+        names = results.setdefault("names", set())
+        names.add(results[0]["group_name"])
+    assert len(results["names"]) == 2
     with pytest.raises(ValueError, match=r"global_ranks=\[3, 3\] must be 2 distinct"):
-        acc.new_process_group(store, 0, 2, timedelta(seconds=5), global_ranks=[3, 3], group_name="x")
+        acc.new_process_group(dist.HashStore(), 0, 2, timedelta(seconds=5), global_ranks=[3, 3], group_name="x")
 
 
 def test_nccl_options_are_fixed_like_pybind():

@@ -166,12 +166,12 @@ def test_xccl_timeouts_derived_from_the_hal_timeout(pm, devices, xmlir, monkeypa
     for var in ("BKCL_TIMEOUT", "TORCH_XCCL_ASYNC_ERROR_HANDLING"):
         monkeypatch.delenv(var, raising=False)
     acc = hal.bind("kunlun", emulated=False, pm=pm)
-    pg = acc.new_process_group(dist.HashStore(), 0, 2, timedelta(minutes=3), group_name="g")
+    pg = acc.new_process_group(dist.HashStore(), 0, 2, timedelta(minutes=3), global_ranks=[0, 1], group_name="g")
     assert os.environ["BKCL_TIMEOUT"] == "180" and pg.async_error_handling == 2
     assert os.environ["TORCH_XCCL_ASYNC_ERROR_HANDLING"] == "2"
     monkeypatch.setenv("BKCL_TIMEOUT", "1800")
     with pytest.warns(RuntimeWarning, match="BKCL_TIMEOUT=1800 .* replaced by 60"):
-        acc.new_process_group(dist.HashStore(), 0, 2, timedelta(minutes=1), group_name="g")
+        acc.new_process_group(dist.HashStore(), 0, 2, timedelta(minutes=1), global_ranks=[0, 1], group_name="g")
 
 
 def test_visible_devices_set_as_kunlun_integrations_set_them(devices, xmlir, monkeypatch):

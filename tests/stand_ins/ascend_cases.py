@@ -49,7 +49,7 @@ def native_bind(local_rank: int, visible: str, device_name: str) -> dict:
 
 
 def process_groups(timeouts_s: list, preset: dict, device_name: str = "Ascend910B2",
-                   global_ranks: list | None = None, group_name: str | None = "g0") -> dict:
+                   global_ranks: list | None = (0, 1), group_name: str | None = "g0") -> dict:
     import torch.distributed as dist
     acc, state = _bind(device_name, env=preset)
     caught = []
