@@ -10,6 +10,7 @@ On 2 hosts x 2 ranks, the two rails (ranks 0-2 and 1-3, each over its own pair o
 - `duplex_2groups`: `duplex` with each direction on its own gloo group (its own TCP connection);
 - `oneway`: S/2 from the host-0 member to the host-1 member only;
 - `allreduce`: gloo all_reduce of S/2 (the bridge's all_reduce rail step on 2+2);
+- `allreduce_x8`: the same S/2 as 8 back-to-back all_reduces of S/16 (what chunking costs per op);
 - `flat_a2a`: gloo all_to_all_single of S bytes per rank over all 4 ranks (the flat baseline).
 Each printed with the link model S/2 / B (B = rate in bytes/s; payload only). Prints figures only.
 """
@@ -73,12 +74,18 @@ def worker(nbytes: int, repeats: int) -> None:
     def allreduce():
         dist.all_reduce(half, group=rail)
 
+    def allreduce_chunks(chunks=8):
+        # the same S/2 as `allreduce`, as 8 back-to-back all_reduces of S/16: the per-op cost of chunking
+        for part in half.chunk(chunks):
+            dist.all_reduce(part, group=rail)
+
     def flat_a2a():
         dist.all_to_all_single(y, x)
 
     out = {}
     for name, fn in (("a2a", a2a), ("duplex", duplex), ("duplex_chunked", duplex_chunked),
                      ("duplex_2groups", duplex_2groups), ("oneway", oneway), ("allreduce", allreduce),
+                     ("allreduce_x8", allreduce_chunks),
                      ("flat_a2a", flat_a2a)):
         fn()
         times = []
