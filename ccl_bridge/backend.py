@@ -60,7 +60,7 @@ def exchange_identities(store, rank: int, size: int, config: BridgeConfig) -> li
 
 
 def build_fabric(store, rank: int, size: int, timeout: timedelta, topo: Topology, config: BridgeConfig,
-                 global_ranks: Optional[list[int]] = None) -> Fabric:
+                 global_ranks: Optional[list[int]] = None, group_id: str = "") -> Fabric:
     acc = hal.accelerator()
     gloo_caps = cpu_fabric_capabilities("gloo")
     inner: list[Any] = []
@@ -76,7 +76,11 @@ def build_fabric(store, rank: int, size: int, timeout: timedelta, topo: Topology
     members = [granks[r] for r in sc.ranks]
     intra_pg = None
     if sc.size > 1:
-        intra_pg = acc.new_process_group(PrefixStore(f"hetero/intra/{c}", store), idx, sc.size, timeout)
+        # contract 1.1: the vendor group gets its members' global ranks and a name shared by every
+        # member (torch's group id of the hetero group + the sub-cluster), as NCCL/HCCL need
+        intra_pg = acc.new_process_group(PrefixStore(f"hetero/intra/{c}", store), idx, sc.size, timeout,
+                                         global_ranks=members,
+                                         group_name=f"{group_id}/intra/{c}" if group_id else None)
         inner.append(intra_pg)
     kind = "emulated " if sc.emulated else ""
     intra = Ccl(intra_pg, acc.capabilities, f"{kind}{sc.chip} sub-cluster CCL (ranks {members})", idx, sc.size,
@@ -106,14 +110,17 @@ def create(dist_opts, pg_options=None):
     store, rank, size = dist_opts.store, dist_opts.group_rank, dist_opts.group_size
     timeout = dist_opts.timeout
     global_ranks = list(dist_opts.global_ranks_in_group) or None
+    group_id = getattr(dist_opts, "group_id", "") or ""   # torch 2.13: the group's name (distributed_c10d.py)
     if pg_options is not None and not isinstance(pg_options, BridgeConfig):
         raise BridgeConfigError(f"hetero: pg_options must be a ccl_bridge.BridgeConfig, got {type(pg_options).__name__}")
     config = pg_options or BridgeConfig.from_env()
     identities = exchange_identities(store, rank, size, config)
     topo = build_topology(identities, config.max_parts)
     if topo.single_chip:
-        return hal.accelerator().new_process_group(PrefixStore("hetero/passthrough", store), rank, size, timeout)
-    return HeteroProcessGroup(build_fabric(store, rank, size, timeout, topo, config, global_ranks))
+        return hal.accelerator().new_process_group(PrefixStore("hetero/passthrough", store), rank, size, timeout,
+                                                   global_ranks=global_ranks or list(range(size)),
+                                                   group_name=f"{group_id}/passthrough" if group_id else None)
+    return HeteroProcessGroup(build_fabric(store, rank, size, timeout, topo, config, global_ranks, group_id))
 
 
 def _valid(device_type: str) -> bool:
