@@ -147,3 +147,20 @@ def test_a_bed_whose_owner_is_killed_is_removed(sig):
 
 def _netns() -> str:
     return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def test_delay_without_netem_is_refused_with_the_reason():
+    """This machine's kernel has no netem qdisc: a bed asking for delay says so (and leaves nothing);
+    where netem exists the bed comes up with it."""
+    try:
+        check_available()
+    except TestbedUnavailable as exc:
+        pytest.skip(f"test bed unavailable: {exc}")
+    bed = Testbed(BedSpec.of([1, 1], delay_ms=1.0))
+    try:
+        bed.up()
+    except TestbedUnavailable as exc:
+        assert "netem" in str(exc) and "delay" in str(exc)
+    finally:
+        bed.down()
+    assert bed.leftovers() == []
