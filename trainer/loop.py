@@ -1,0 +1,224 @@
+"""The `hal train` loop, run on every rank under torchrun (`hal train` launches it):
+
+    HAL_EMULATE=cuda:2,ascend:2 torchrun --nproc-per-node 4 -m trainer.loop --config examples/train/tiny.toml
+
+Builds the model (strategies.models) on every rank from the same seed, the Plan (`even`, a file, or
+`auto` = the planner's search at start, run on rank 0 and broadcast), lays the model out with
+`strategies.apply.apply_plan`, and trains with torch's AdamW on the byte-level corpus (trainer.data):
+each step every rank draws the same global batch, `run.step` runs this rank's rows of it and returns
+the global mean loss. Rank 0 writes `metrics.jsonl` (one record per step: step, loss, lr, tokens/s,
+each rank's step time; validation records with `val_loss`) and `summary.json` (final_val_loss, the
+chip of every rank, emulated or not) in the run directory. Checkpoints (trainer.checkpoint, DCP)
+every `checkpoint.interval` steps and at the end; a start with a complete checkpoint in the
+directory resumes from the newest one.
+
+Bookkeeping (step times, checkpoint coordination, the auto plan's broadcast) runs on one extra gloo
+group; the training collectives run on the plan's groups over the configured backend (`hetero`:
+ccl_bridge). Validation runs `run.step` on fixed held-out batches and throws the gradients away
+(apply_plan has no forward-only path yet), so it costs a backward too.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+import time
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from .config import TrainConfig, TrainConfigError
+from .data import VOCAB, Corpus, replica_rows, train_batch, val_batches
+
+
+def _init(cfg: TrainConfig) -> None:
+    if cfg.backend == "hetero":
+        import ccl_bridge  # noqa: F401 - registers the `hetero` backend
+    if not dist.is_initialized():
+        dist.init_process_group(cfg.backend, timeout=timedelta(seconds=cfg.timeout_s))
+
+
+def make_plan(cfg: TrainConfig, topo, model_cfg, group):
+    """The Plan the config asks for, the same on every rank (auto: searched on rank 0, broadcast)."""
+    from strategies.plan import Plan
+    p = cfg.plan
+    if p.source == "even":
+        plan = Plan.even(topo, model_cfg, cfg.global_batch, p.num_microbatches, pp=p.pp, tp=p.tp, zero=p.zero)
+    elif p.source == "file":
+        path = cfg.resolve(p.file)
+        if not path.is_file():
+            raise TrainConfigError("plan.file", p.file, f"no such file ({path})")
+        plan = Plan.load(path)
+    else:
+        box: list[Any] = [None]
+        if dist.get_rank() == 0:
+            box[0] = _auto_plan(cfg, topo, model_cfg).to_json()
+        dist.broadcast_object_list(box, src=0, group=group)
+        plan = Plan.from_json(box[0])
+    plan.check(topo, model_cfg)
+    if plan.global_batch != cfg.global_batch:
+        raise TrainConfigError("global_batch", cfg.global_batch,
+                               f"the plan runs {plan.num_microbatches} micro-batches x {plan.microbatch_size} "
+                               f"rows = {plan.global_batch}")
+    return plan
+
+
+def _auto_plan(cfg: TrainConfig, topo, model_cfg):
+    """The planner's best layout (strategies.planner: cost model + simulator, catalog figures)."""
+    from strategies.planner.convert import to_plan
+    from strategies.planner.cost import ModelFacts
+    from strategies.planner.facts import chip_facts, load_matrices
+    from strategies.planner.plan_search import search
+    matrices = load_matrices(None)
+    facts = [chip_facts(sc, matrices) for sc in topo.sub_clusters]
+    node_of = {r: topo.node_of(r) for r in range(topo.world_size)}
+    result = search(facts, ModelFacts(model_cfg), cfg.global_batch, node_of=node_of, max_pp=cfg.plan.max_pp)
+    return to_plan(result.best.layout, model_cfg.name, "1F1B")
+
+
+def _digest(params: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(params):
+        h.update(name.encode())
+        h.update(params[name].detach().contiguous().float().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _evaluate(run, params, batches) -> float:
+    total = 0.0
+    for x, y in batches:
+        total += float(run.step(x, y))
+        for p in params:  # validation only: drop the gradients the step left
+            p.grad = None
+    return total / len(batches)
+
+
+def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
+    """Run (or resume) the configured training on this rank; returns this rank's result (rank, chip,
+    start/end step, losses, val losses, params digest). Every rank of the world must call it."""
+    import hal
+    from hal.topology import Topology
+    from strategies.apply import apply_plan
+    from strategies.models import build_model
+
+    from . import checkpoint as ckpt
+
+    _init(cfg)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    acc = hal.accelerator()
+    book = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.timeout_s))  # bookkeeping
+    topo = Topology.from_env(world_size=world)
+    model_cfg = cfg.load_model_config()
+    if model_cfg.vocab != VOCAB:
+        raise TrainConfigError("model.overrides.vocab", model_cfg.vocab,
+                               f"byte-level data needs vocab = {VOCAB} (set model.overrides.vocab = 256)")
+    plan = make_plan(cfg, topo, model_cfg, book)
+    chips: list = [None] * world
+    dist.all_gather_object(chips, {"rank": rank, "chip": acc.chip.name, "emulated": bool(acc.emulated),
+                                   "plugin": acc.plugin, "rows": replica_rows(plan, rank)}, group=book)
+    torch.manual_seed(cfg.seed)
+    model = build_model(model_cfg, cfg.seed)
+    run = apply_plan(model, plan, topo, model_cfg=model_cfg, timeout=timedelta(seconds=cfg.timeout_s))
+    params = run.parameters()
+    o = cfg.optimizer
+    opt = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
+                            foreach=False) if params else None
+    corpus = Corpus.from_config(cfg)
+    seq, G = model_cfg.seq, cfg.global_batch
+    vals = val_batches(corpus, cfg.seed, cfg.log.val_batches, G, seq)
+    run_dir, ckpt_dir = cfg.run_dir, cfg.checkpoint_dir
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    dist.barrier(group=book)
+
+    start = 0
+    found = ckpt.latest(ckpt_dir) if cfg.checkpoint.enabled and cfg.checkpoint.resume else None
+    if found is not None:
+        start = ckpt.load(ckpt_dir, found, run, opt, book)
+    if rank == 0:
+        log(f"hal train: {world} ranks ({', '.join(c['chip'] + (' (emulated)' if c['emulated'] else '') for c in chips)}); "
+            f"model {model_cfg.name} {sum(p.numel() for p in model.parameters()):,} parameters; "
+            f"plan {cfg.plan.source}: {plan.describe() if hasattr(plan, 'describe') else plan}")
+        log(f"  data: {corpus.source}: {corpus.files} files, train {corpus.train.numel():,} B, "
+            f"validation {corpus.val.numel():,} B; global batch {G} x {seq} bytes")
+        if found is not None:
+            log(f"  resumed from {ckpt.step_dir(ckpt_dir, found)} at step {start}")
+    metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8") if rank == 0 else None
+    losses, val_hist = [], []
+    t_run = time.perf_counter()
+    try:
+        for step in range(start, cfg.last_step):
+            lr = cfg.lr_at(step)
+            if opt is not None:
+                for g in opt.param_groups:
+                    g["lr"] = lr
+            x, y = train_batch(corpus, cfg.seed, step, G, seq)
+            t0 = time.perf_counter()
+            loss = float(run.step(x, y))
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            times = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+            dist.all_gather(times, dt, group=book)
+            rank_s = [t.item() for t in times]
+            losses.append(loss)
+            done = step + 1
+            rec = {"step": done, "loss": loss, "lr": lr, "tokens_per_s": G * seq / max(rank_s),
+                   "step_s": max(rank_s), "rank_step_s": rank_s}
+            if cfg.log.val_interval and done % cfg.log.val_interval == 0 and done != cfg.last_step:
+                rec["val_loss"] = _evaluate(run, params, vals)
+                val_hist.append((done, rec["val_loss"]))
+            if metrics is not None:
+                metrics.write(json.dumps(rec) + "\n")
+                metrics.flush()
+                if done % cfg.log.print_interval == 0 or done == cfg.last_step:
+                    left = (cfg.last_step - done) * (time.perf_counter() - t_run) / (done - start)
+                    log(f"  step {done}/{cfg.steps}  loss {loss:.4f}  lr {lr:.2e}  "
+                        f"{rec['tokens_per_s']:,.0f} tok/s  eta {left:.0f}s"
+                        + (f"  val {rec['val_loss']:.4f}" if "val_loss" in rec else ""))
+            if (cfg.checkpoint.enabled and cfg.checkpoint.interval and done % cfg.checkpoint.interval == 0
+                    and done != cfg.last_step):
+                ckpt.save(ckpt_dir, done, run, opt, book)
+        end = max(start, cfg.last_step)
+        final_val = _evaluate(run, params, vals)
+        val_hist.append((end, final_val))
+        if cfg.checkpoint.enabled and end > start:
+            ckpt.save(ckpt_dir, end, run, opt, book)
+        digest = _digest(run.full_parameters()) if run.active else ""
+    finally:
+        if metrics is not None:
+            metrics.close()
+    train_s = time.perf_counter() - t_run
+    summary = {"final_val_loss": final_val, "uniform_baseline": math.log(VOCAB), "start_step": start,
+               "end_step": end, "steps": cfg.steps, "train_s": train_s, "world": world,
+               "backend": cfg.backend, "plan_source": cfg.plan.source, "plan": json.loads(plan.to_json()),
+               "val_losses": val_hist, "chips": chips,
+               "not_built": ["efficiency", "even_efficiency", "per-chip MFU", "grad norm", "plots"]}
+    if rank == 0:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        log(f"hal train: steps {start}..{end} in {train_s:.1f} s; final validation loss {final_val:.4f} nats "
+            f"(uniform bytes: ln 256 = {math.log(VOCAB):.3f}); summary {run_dir / 'summary.json'}")
+        for c in chips:
+            log(f"  rank {c['rank']}: {c['chip']:<7} {'EMULATED on this host CPU' if c['emulated'] else 'native'}"
+                f"  rows {c['rows']}")
+    return {"rank": rank, "chip": acc.chip.name, "start": start, "end": end, "losses": losses,
+            "val": val_hist, "final_val_loss": final_val, "digest": digest}
+
+
+def main(argv: Optional[list] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.loop", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True)
+    args = p.parse_args(argv)
+    cfg = TrainConfig.from_toml(args.config)
+    train(cfg, log=lambda s: print(s, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
