@@ -18,12 +18,10 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import subprocess
 import sys
 import time
 
 DEFAULT_EMULATE = "cuda:2,ascend:2"
-_CHIP_ENV = ("HAL_EMULATE", "HAL_CLUSTER", "HAL_CHIP")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,53 +41,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="collective timeout in seconds (default 120)")
 
 
-def _mapped_count(text: str):
-    """Ranks a `chip:n,...` map names (None for a bare chip name); the ranks validate the map fully."""
-    try:
-        counts = [int(item.split(":")[1]) for item in text.split(",") if item.strip()]
-    except (IndexError, ValueError):
-        return None
-    return sum(counts) or None
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def _default_emulate(nproc):
+    """--nproc N alone: half cuda, half ascend (4 ranks: the default map)."""
+    n = 4 if nproc is None else nproc
+    if n < 2:
+        from .launch_check import LaunchError
+        raise LaunchError(f"--nproc {n}: the default mixed cluster needs at least 2 ranks (one cuda, one "
+                          f"ascend); for one rank name its chip, e.g. --emulate cuda:1")
+    return DEFAULT_EMULATE if n == 4 else f"cuda:{(n + 1) // 2},ascend:{n // 2}"
+
+
 def plan(args: argparse.Namespace, environ: dict) -> tuple[int, dict, str]:
-    """(nproc, env for the ranks, how the chips were chosen), validated with the numbers in errors."""
-    from .errors import ChipSelectionError
-    env = dict(environ)
-    emulate = args.emulate
-    if emulate is None and not any(env.get(k) for k in _CHIP_ENV):
-        n = args.nproc or 4
-        if n < 2:
-            raise ChipSelectionError(f"hal demo: --nproc {n}: a mixed cluster needs at least 2 ranks")
-        emulate = DEFAULT_EMULATE if n == 4 else f"cuda:{(n + 1) // 2},ascend:{n // 2}"
-    if emulate is not None:
-        env["HAL_EMULATE"] = emulate
-        source = f"--emulate {emulate}" if args.emulate else f"default {emulate}"
-    else:
-        source = ", ".join(f"{k}={env[k]}" for k in _CHIP_ENV if env.get(k)) + " (from the environment)"
-    mapped = _mapped_count(env["HAL_EMULATE"]) if env.get("HAL_EMULATE") else None
-    nproc = args.nproc or mapped
-    if nproc is None:
-        raise ChipSelectionError(f"hal demo: cannot tell how many ranks to start from {source}; pass --nproc")
-    if mapped is not None and mapped != nproc:
-        raise ChipSelectionError(f"hal demo: --nproc {nproc} but HAL_EMULATE={env['HAL_EMULATE']!r} maps "
-                                 f"{mapped} ranks")
-    env.setdefault("OMP_NUM_THREADS", "1")  # 4 ranks share this machine's cores
+    """(nproc, env for the ranks, how the chips were chosen): every flag and chip variable checked
+    here, before torchrun starts (hal.launch_check; LaunchError names the flag or variable)."""
+    from .launch_check import check_float, check_int, plan_ranks
+    check_int("--steps", args.steps, 1, 10_000_000)
+    check_int("--global-batch", args.global_batch, 1, 1_000_000)
+    check_float("--tolerance", args.tolerance, 0.0)
+    check_float("--timeout", args.timeout, 0.0, 86_400.0)
+    # a mixed cluster needs 2 ranks, but a user's own HAL_EMULATE=cuda:1 is a fine 1-rank job
+    nproc, env, source = plan_ranks(args.nproc, args.emulate, environ, _default_emulate, min_ranks=1)
+    env.setdefault("OMP_NUM_THREADS", "1")  # the ranks share this machine's cores
     return nproc, env, source
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.steps < 1 or args.global_batch < 1:
-        print(f"hal demo: error: --steps ({args.steps}) and --global-batch ({args.global_batch}) must be >= 1",
-              file=sys.stderr)
-        return 2
-    nproc, env, source = plan(args, os.environ)
+    from .errors import HalError
+    from .launch_check import fail, run_ranks
+    try:
+        nproc, env, source = plan(args, os.environ)
+    except HalError as exc:
+        return fail("hal demo", exc)
     per_rank = max(1, args.global_batch // nproc)
     global_batch = per_rank * nproc
     emulated = bool(env.get("HAL_EMULATE"))
@@ -106,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
           f"-m strategies.demo_job --steps {args.steps} --global-batch {global_batch} --backend {args.backend}",
           flush=True)
     t0 = time.perf_counter()
-    code = subprocess.call(cmd, env=env)
+    code = run_ranks("hal demo", cmd, env)
     verdict = "done" if code == 0 else f"FAILED (exit code {code})"
     print(f"hal demo: {verdict} in {time.perf_counter() - t0:.0f} s"
           + (" (all chips emulated)" if emulated else ""))

@@ -37,10 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
 from .errors import ClusterSpecError, UnknownChipError
 
+MAX_NODES = 100_000
+MAX_RANKS_PER_NODE = 1024
 _RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([KMGT]?)([Bb])/s\s*$")
 
 
@@ -65,13 +67,15 @@ class SubCluster(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     chip: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
-    nodes: int = Field(ge=1, description="number of nodes (hosts) in this sub-cluster")
-    ranks_per_node: int = Field(ge=1, description="processes per node (torchrun --nproc-per-node)")
+    # Upper bounds far above any real machine, so a typo fails at once instead of laying out 1e8 ranks.
+    nodes: int = Field(ge=1, le=MAX_NODES, description="number of nodes (hosts) in this sub-cluster")
+    ranks_per_node: int = Field(ge=1, le=MAX_RANKS_PER_NODE,
+                                description="processes per node (torchrun --nproc-per-node)")
     model: Optional[str] = Field(default=None, description="chip model, a hal.catalog key or alias")
     intra_bandwidth: Optional[float] = Field(default=None, gt=0, description="intra-fabric bytes/s per direction")
     nic_bandwidth: Optional[float] = Field(default=None, gt=0, description="NIC bytes/s per direction per rank")
-    emulate: bool = False
-    colocate: bool = Field(default=False, description="run on the previous sub-cluster's (single) node")
+    emulate: StrictBool = False  # `emulate = "yes"` is refused, not taken as true
+    colocate: StrictBool = Field(default=False, description="run on the previous sub-cluster's (single) node")
 
     @field_validator("intra_bandwidth", "nic_bandwidth", mode="before")
     @classmethod
@@ -272,6 +276,10 @@ def _pydantic_problem(source: str, lines: dict, data: dict, e: dict) -> ClusterS
         problem = "unknown field; allowed here: " + _allowed(loc)
     elif loc and loc[-1] in ("nodes", "ranks_per_node") and e["type"] == "greater_than_equal":
         problem = f"{problem} (got {value}; a sub-cluster needs at least 1 node and 1 rank per node)"
+    elif loc and loc[-1] in ("nodes", "ranks_per_node") and e["type"] == "less_than_equal":
+        problem = f"{problem} (got {value}; the limit is far above any real machine: a typo?)"
+    elif e["type"] == "bool_type":
+        problem = "must be a TOML boolean: true or false, without quotes"
     return _problem(source, lines, loc, value, problem)
 
 

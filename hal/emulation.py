@@ -29,14 +29,17 @@ _ITEM = re.compile(r"^([a-z][a-z0-9_]*)(?::(\d+))?$")
 
 def parse_emulate_map(text: str) -> list[tuple[str, Optional[int]]]:
     """`cuda:2,ascend:2` -> [("cuda", 2), ("ascend", 2)]; `ascend` -> [("ascend", None)]."""
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
+    items = [t.strip() for t in text.split(",")]
+    if not any(items):
         raise ChipSelectionError(f"HAL_EMULATE={text!r} names no chip; expected e.g. 'cuda:2,ascend:2' or 'ascend'")
     out = []
-    for item in items:
+    for pos, item in enumerate(items, start=1):
+        if not item:
+            raise ChipSelectionError(f"HAL_EMULATE={text!r}: item {pos} is empty (a stray comma?); "
+                                     f"expected e.g. 'cuda:2,ascend:2'")
         m = _ITEM.match(item)
         if not m:
-            raise ChipSelectionError(f"HAL_EMULATE item {item!r} is not 'chip' or 'chip:count' (in {text!r})")
+            raise ChipSelectionError(f"HAL_EMULATE item {item!r} {_item_problem(item)} (in {text!r})")
         count = int(m.group(2)) if m.group(2) is not None else None
         if count == 0:
             raise ChipSelectionError(f"HAL_EMULATE item {item!r}: count must be >= 1 (in {text!r})")
@@ -45,6 +48,18 @@ def parse_emulate_map(text: str) -> list[tuple[str, Optional[int]]]:
         raise ChipSelectionError(f"HAL_EMULATE={text!r}: with several chips every item needs a count, "
                                  f"e.g. 'cuda:2,ascend:2'")
     return out
+
+
+def _item_problem(item: str) -> str:
+    """Why `item` is not 'chip' or 'chip:count', as specifically as it can be said."""
+    chip, _, count = item.partition(":")
+    if chip != chip.lower() and _ITEM.match(item.lower()):
+        return f"has upper case: chip names are lower case, e.g. {item.lower()!r}"
+    if count and not count.isdigit():
+        return f"has count {count!r}: a count is a whole number >= 1"
+    if not re.match(r"^[a-z][a-z0-9_]*$", chip):
+        return f"has chip name {chip!r}: a chip name is lower-case letters, digits and '_' (e.g. 'cuda')"
+    return "is not 'chip' or 'chip:count'"
 
 
 def emulated_ranks(text: str, world_size: Optional[int] = None) -> Optional[list[str]]:

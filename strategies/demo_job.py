@@ -159,5 +159,16 @@ def report(args, chips, losses, ref_losses, diff, moved, spread, train_s, ref_s)
         print(f"  rank {r}: {chip:<7} plugin {plugin:<10} {how}")
 
 
+def entry(argv=None) -> int:
+    """main(), with an uncaught error reported as one marked line for the launcher (`hal demo` prints
+    the first failing rank's line once; the traceback stays in the ranks' log)."""
+    try:
+        return main(argv)
+    except Exception as exc:
+        from hal.launch_check import report_rank_failure
+        report_rank_failure(exc)
+        raise
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

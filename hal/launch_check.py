@@ -1,0 +1,227 @@
+"""One validation pass in the launching process, before torchrun starts, shared by every command that
+launches ranks on this machine (`hal demo`, `hal bench comm`, ...), and the launcher's side of a rank
+failure.
+
+Before launch: flags, the chip environment (`HAL_EMULATE`, `HAL_CLUSTER`, `HAL_CHIP`, `HAL_PLUGINS`),
+the cluster spec, output paths (their folder created, or refused, up front) and the world size (from
+`--nproc`, the emulation map or the cluster spec). Every problem is a `LaunchError` naming the flag or
+variable and its value; `fail()` prints it as one line on stderr and the command exits 2, so no worker
+ever starts on bad input. Each rank's chip is resolved with the ranks' own rule
+(`hal.accelerator.select_chip`), so the launcher and the ranks cannot disagree.
+
+At run time: a rank that raises writes one marked line (`report_rank_failure`: time, rank, chip,
+exception type and message) to stderr before its traceback; `run_ranks` sends the ranks' stderr to a
+log file and, if the job fails, prints the earliest such line once and where the full log is, instead
+of torchrun's per-rank dump.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from .errors import HalError
+
+# Ranks one machine may be asked to start: far above any laptop or 8-GPU node, far below a typo.
+MAX_LOCAL_RANKS = 256
+CHIP_ENV = ("HAL_EMULATE", "HAL_CLUSTER", "HAL_CHIP")
+RANK_ERROR_MARK = "[hal rank error]"
+
+
+class LaunchError(HalError, ValueError):
+    """Bad input found before launch; the message names the flag or variable and its value."""
+
+
+def fail(prog: str, exc: BaseException) -> int:
+    """Print `exc` as one line on stderr (`prog: error: ...`) and return exit code 2."""
+    text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    print(f"{prog}: error: {text}", file=sys.stderr, flush=True)
+    return 2
+
+
+# ---- flags -----------------------------------------------------------------------------------
+def check_int(flag: str, value: int, low: int = 1, high: Optional[int] = None) -> int:
+    if value is None or value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"between {low} and {high}"
+        raise LaunchError(f"{flag} {value}: must be {bound}")
+    return value
+
+
+def check_float(flag: str, value: float, low: float = 0.0, high: Optional[float] = None) -> float:
+    """`value` must be > low (and <= high); NaN and inf are refused."""
+    if value is None or not (value > low) or value == float("inf") or (high is not None and value > high):
+        bound = f"> {low:g}" if high is None else f"> {low:g} and <= {high:g}"
+        raise LaunchError(f"{flag} {value}: must be a finite number {bound}")
+    return value
+
+
+def check_output_path(flag: str, path: Optional[str], suffixes: tuple[str, ...] = ()) -> Optional[str]:
+    """Absolute path for an output file: its folder is created now, a folder or an unwritable place or a
+    suffix the writer does not produce is refused now (not after the whole run)."""
+    if path is None:
+        return None
+    p = Path(path).expanduser()
+    if suffixes and p.suffix.lower() not in suffixes:
+        raise LaunchError(f"{flag} {path}: this command writes {' or '.join(suffixes)} files; "
+                          f"got suffix {p.suffix or '(none)'!r}")
+    if p.is_dir():
+        raise LaunchError(f"{flag} {path}: is a directory; give a file name")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LaunchError(f"{flag} {path}: cannot create its folder {str(p.parent)!r}: {exc.strerror}") from None
+    if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise LaunchError(f"{flag} {path}: not writable")
+    return str(p.resolve())
+
+
+# ---- chips and world size ----------------------------------------------------------------------
+def _plugin_manager(env: dict):
+    from .plugin_manager import PluginManager
+    pm = PluginManager()
+    try:
+        pm.load_entry_points(env)
+    except HalError as exc:
+        raise LaunchError(f"HAL_PLUGINS={env.get('HAL_PLUGINS', '')!r}: {exc}" if env.get("HAL_PLUGINS")
+                          else f"loading plugins: {type(exc).__name__}: {exc}") from None
+    return pm
+
+
+def _emulate_count(where: str, text: str, pm) -> Optional[int]:
+    """Ranks the map names (None for a bare chip name); unknown chips refused."""
+    from .emulation import parse_emulate_map
+    try:
+        items = parse_emulate_map(text)
+    except HalError as exc:
+        raise LaunchError(f"{where}: {exc}") from None
+    for chip, _ in items:
+        if chip not in pm.chips:
+            raise LaunchError(f"{where}: no plugin provides chip {chip!r}; known chips: {sorted(pm.chips)}")
+    if items[0][1] is None:
+        return None
+    return sum(c for _, c in items)
+
+
+def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
+               default_emulate: Callable[[Optional[int]], str], min_ranks: int = 1) -> tuple[int, dict, str]:
+    """(ranks to start, env for the ranks, how the chips were chosen), everything checked.
+
+    `emulate` is the `--emulate` flag (it overrides `HAL_EMULATE`; "none" drops it); with neither it
+    nor a chip variable set, `default_emulate(nproc)` gives the map."""
+    env = dict(environ)
+    if nproc is not None:
+        check_int("--nproc", nproc, max(1, min_ranks), MAX_LOCAL_RANKS)
+    if emulate is not None and not emulate.strip():
+        raise LaunchError("--emulate '': names no chip; e.g. --emulate cuda:2,ascend:2")
+    where = None  # the flag to blame for the map, when the map came from --emulate
+    if emulate == "none":
+        env.pop("HAL_EMULATE", None)
+        emulate = None
+    elif emulate is not None:
+        where = f"--emulate {emulate}"
+    elif not any((env.get(k) or "").strip() for k in CHIP_ENV):
+        emulate = default_emulate(nproc)
+    if emulate is not None:
+        env["HAL_EMULATE"] = emulate
+        source = where or f"default {emulate}"
+    else:
+        source = ", ".join(f"{k}={env[k]}" for k in CHIP_ENV if env.get(k)) + " (from the environment)"
+    pm = _plugin_manager(env)
+
+    world = None
+    if (env.get("HAL_EMULATE") or "").strip():
+        world = _emulate_count(where or f"HAL_EMULATE={env['HAL_EMULATE']!r}", env["HAL_EMULATE"], pm)
+    cluster = (env.get("HAL_CLUSTER") or "").strip()
+    if cluster:
+        from .cluster import load_cluster_spec
+        try:
+            spec = load_cluster_spec(cluster, pm)
+        except HalError as exc:
+            raise LaunchError(f"HAL_CLUSTER={cluster}: {exc}") from None
+        if world is None and not (env.get("HAL_CHIP") or "").strip():
+            world = spec.world_size
+            if world > MAX_LOCAL_RANKS:
+                raise LaunchError(f"HAL_CLUSTER={cluster}: the spec has {world} ranks over {spec.num_nodes} "
+                                  f"nodes; this command starts ranks on this machine only (at most "
+                                  f"{MAX_LOCAL_RANKS}); launch each node with torchrun instead")
+    chip = (env.get("HAL_CHIP") or "").strip()
+    if chip and chip not in pm.chips:
+        raise LaunchError(f"HAL_CHIP={chip!r}: no plugin provides this chip; known chips: {sorted(pm.chips)}")
+    if world is not None and nproc is not None and world != nproc:
+        what = where or ("HAL_EMULATE=" + repr(env["HAL_EMULATE"]) if env.get("HAL_EMULATE") else f"HAL_CLUSTER={cluster}")
+        raise LaunchError(f"--nproc {nproc}, but {what} names {world} ranks; drop --nproc or make them agree")
+    world = world if world is not None else nproc
+    if world is None:
+        raise LaunchError(f"cannot tell how many ranks to start from {source}; pass --nproc N")
+    check_int("ranks to start" if nproc is None else "--nproc", world, max(1, min_ranks), MAX_LOCAL_RANKS)
+    _check_each_rank(pm, env, world)
+    return world, env, source
+
+
+def _check_each_rank(pm, env: dict, world: int) -> None:
+    """Resolve every rank's chip exactly as the rank will (hal.accelerator.select_chip)."""
+    from .accelerator import select_chip
+    for rank in range(world):
+        renv = {**env, "RANK": str(rank), "WORLD_SIZE": str(world)}
+        try:
+            sel = select_chip(pm, env=renv)
+        except HalError as exc:
+            raise LaunchError(f"rank {rank} of {world}: {type(exc).__name__}: {exc}") from None
+        if not sel.emulated and not pm.native_available(sel.chip):
+            raise LaunchError(f"rank {rank} of {world}: chip {sel.chip!r} ({sel.reason}) is not natively "
+                              f"available on this machine; to run it emulated set HAL_EMULATE={sel.chip}")
+
+
+# ---- run time: the first failing rank's own error, once -------------------------------------------
+def report_rank_failure(exc: BaseException) -> None:
+    """Called by a rank's entry point on an uncaught exception: one marked line on stderr."""
+    rank = os.environ.get("RANK", "?")
+    chip = "?"
+    try:
+        if os.environ.get("HAL_EMULATE"):
+            from .emulation import emulated_chip_for_rank
+            chip = emulated_chip_for_rank(os.environ["HAL_EMULATE"], int(rank))
+        else:
+            chip = os.environ.get("HAL_CHIP") or ("per HAL_CLUSTER" if os.environ.get("HAL_CLUSTER") else "?")
+    except Exception:  # noqa: BLE001 - the report must not hide the real error
+        pass
+    msg = " ".join(str(exc).split())[:500]
+    print(f"{RANK_ERROR_MARK} t={time.time():.6f} rank={rank} chip={chip} {type(exc).__name__}: {msg}",
+          file=sys.stderr, flush=True)
+
+
+_MARK_RE = re.compile(re.escape(RANK_ERROR_MARK) + r" t=([0-9.]+) (.*)$")
+
+
+def first_rank_error(log_text: str) -> Optional[str]:
+    """The earliest rank error line in a log ("rank=R chip=C Type: message"), or None."""
+    found = [(float(m.group(1)), m.group(2)) for m in map(_MARK_RE.search, log_text.splitlines()) if m]
+    return min(found)[1] if found else None
+
+
+def run_ranks(prog: str, cmd: list[str], env: dict) -> int:
+    """Run torchrun with the ranks' stderr in a log file; on failure print the first rank error once."""
+    fd, log = tempfile.mkstemp(prefix=f"{prog.replace(' ', '-')}-", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        code = subprocess.call(cmd, env=env, stderr=f)
+    text = Path(log).read_text(errors="replace")
+    if code == 0:
+        if text.strip():
+            print(f"{prog}: the ranks' stderr (warnings) is in {log}", file=sys.stderr)
+        else:
+            os.unlink(log)
+        return 0
+    first = first_rank_error(text)
+    if first:
+        print(f"{prog}: error: {first}", file=sys.stderr)
+    else:
+        last = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output on stderr)"]
+        print(f"{prog}: error: a rank exited with code {code} without a Python exception; last stderr line: "
+              f"{last[0].strip()[:300]}", file=sys.stderr)
+    print(f"{prog}: full log of every rank: {log}", file=sys.stderr)
+    return code
