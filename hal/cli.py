@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "new-plugin": ("hal.cli_new_plugin", "write a ready-to-install plugin package for a new chip"),
     "bench": ("ccl_bridge.cli_bench", "benchmarks: `hal bench comm` prints an nccl-tests style table"),
     "demo": ("hal.cli_demo", "the main job: train on an emulated mixed cluster (the README's run command)"),
+    "train": ("trainer.cli", "train a model on a (mixed) cluster from a TOML config: `hal train --config FILE`"),
     "conformance": ("conformance.cli", "run the conformance suite against a plugin"),
     "plan": ("strategies.planner.cli_plan", "find the best layout of a model over a mixed cluster (cost model + simulator)"),
     "simulate": ("strategies.planner.cli_simulate", "predict one training step of a given plan"),

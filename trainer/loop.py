@@ -211,11 +211,11 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
 
 
 def main(argv: Optional[list] = None) -> int:
+    from .cli import add_arguments, load
     p = argparse.ArgumentParser(prog="python -m trainer.loop", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True)
-    args = p.parse_args(argv)
-    cfg = TrainConfig.from_toml(args.config)
+    add_arguments(p)
+    cfg = load(p.parse_args(argv))
     train(cfg, log=lambda s: print(s, flush=True))
     return 0
 
