@@ -48,7 +48,9 @@ def add_comm_arguments(c: argparse.ArgumentParser) -> None:
                         "each chip's own CCL via hal (one group per sub-cluster on a mixed cluster). "
                         "Default hetero")
     c.add_argument("--min-bytes", "-b", default="4K", help="smallest message (default 4K; K/M/G = 2^10/20/30)")
-    c.add_argument("--max-bytes", "-e", default="256M", help="largest message (default 256M)")
+    c.add_argument("--max-bytes", "-e", default="16M",
+                   help="largest message (default 16M: the default run takes seconds, not minutes; "
+                        "nccl-tests' usual -e 256M works too)")
     c.add_argument("--step-factor", "-f", type=float, default=2.0, help="size multiplier (default 2)")
     c.add_argument("--dtype", "-d", default="float32", choices=sorted(DTYPES), help="default float32")
     c.add_argument("--iters", "-n", type=int, default=8, help="operations per timed repeat (default 8)")
@@ -106,34 +108,48 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(args: argparse.Namespace) -> int:
-    """Re-run this command under torchrun on this machine; returns torchrun's exit code."""
-    from hal.emulation import emulated_ranks
-    env = dict(os.environ)
-    emulate = args.emulate
-    if emulate is None and not any(env.get(k) for k in _CHIP_ENV):
-        emulate = DEFAULT_EMULATE
-    if emulate and emulate != "none":
-        env["HAL_EMULATE"] = emulate
-    elif emulate == "none":
-        env.pop("HAL_EMULATE", None)
-    nproc = args.nproc
-    mapped = emulated_ranks(env["HAL_EMULATE"]) if env.get("HAL_EMULATE") else None
-    if nproc is None:
-        nproc = len(mapped) if mapped else 4
-    if mapped and len(mapped) != nproc:
-        from .bench import BenchError
-        raise BenchError(f"--nproc {nproc} but HAL_EMULATE={env['HAL_EMULATE']!r} maps {len(mapped)} ranks")
+def _default_emulate(nproc):
+    if nproc is None or nproc == 4:
+        return DEFAULT_EMULATE
     if nproc < 2:
         from .bench import BenchError
-        raise BenchError(f"--nproc must be >= 2 for a collective benchmark, got {nproc}")
+        raise BenchError(f"--nproc {nproc}: a collective benchmark needs at least 2 ranks")
+    return f"cuda:{(nproc + 1) // 2},ascend:{nproc // 2}"
+
+
+def check(args: argparse.Namespace, environ: dict) -> tuple[int, dict]:
+    """Every flag, chip variable and output path, before torchrun starts (hal.launch_check)."""
+    from hal.launch_check import LaunchError, check_float, check_int, check_output_path, plan_ranks
+    from .bench import parse_size, size_ladder
+    check_int("--iters", args.iters, 1, 100_000)
+    check_int("--warmup", args.warmup, 0, 100_000)
+    check_int("--repeats", args.repeats, 1, 1_000)
+    check_float("--timeout", args.timeout, 0.0, 86_400.0)
+    for flag, text in (("--min-bytes", args.min_bytes), ("--max-bytes", args.max_bytes)):
+        try:
+            parse_size(text)
+        except ValueError as exc:
+            raise LaunchError(f"{flag} {text}: {exc}") from None
+    sizes = size_ladder(parse_size(args.min_bytes), parse_size(args.max_bytes), args.step_factor)
+    if len(sizes) > 64:
+        raise LaunchError(f"--step-factor {args.step_factor}: makes {len(sizes)} sizes from --min-bytes "
+                          f"{args.min_bytes} to --max-bytes {args.max_bytes}; at most 64")
+    args.json = check_output_path("--json", args.json, (".json",))
+    nproc, env, _ = plan_ranks(args.nproc, args.emulate, environ, _default_emulate, min_ranks=2)
     env.setdefault("OMP_NUM_THREADS", "1")
+    return nproc, env
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Re-run this command under torchrun on this machine; returns torchrun's exit code."""
+    from hal.launch_check import run_ranks
+    nproc, env = check(args, os.environ)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
            "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
            "-m", "ccl_bridge.cli_bench", *_argv(args)]
     print(f"# launching {nproc} ranks: HAL_EMULATE={env.get('HAL_EMULATE', '')} "
           f"{' '.join(shlex.quote(c) for c in cmd[1:])}", flush=True)
-    return subprocess.call(cmd, env=env)
+    return run_ranks("hal bench comm", cmd, env)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -300,7 +316,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     try:
         return run(args)
-    except (BenchError, HalError) as exc:
+    except Exception as exc:
+        if _under_torchrun():  # one marked line for the launcher, which prints the first rank's once
+            from hal.launch_check import report_rank_failure
+            report_rank_failure(exc)
+        if not isinstance(exc, (BenchError, HalError)):
+            raise
         print(f"hal bench: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
 

@@ -43,10 +43,12 @@ def collect(bind: bool = True) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     data = collect(bind=not args.no_bind)
+    # Exit 2 when the accelerator cannot be selected (the environment is wrong), after showing everything.
+    code = 2 if "error" in data["accelerator"] else 0
     if args.json:
         from .cli import print_json
         print_json(data)
-        return 0
+        return code
     print(f"HAL contract {data['contract_version']}")
     print(f"plugins ({len(data['plugins'])}):")
     for p in data["plugins"]:
@@ -61,8 +63,10 @@ def run(args: argparse.Namespace) -> int:
     if a:
         if "error" in a:
             print(f"accelerator: {a['error']}")
+            import sys
+            print(f"hal info: error: the accelerator cannot be selected: {a['error']}", file=sys.stderr)
         else:
             tag = "EMULATED" if a["emulated"] else "native"
             print(f"accelerator: {a['chip']} ({tag}) on {a['device']}, plugin {a['plugin']}, "
                   f"selected by {a['selected_by']}")
-    return 0
+    return code

@@ -65,7 +65,7 @@ def _split(values: Optional[Sequence[str]]) -> list[str]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chips", action="append", metavar="A,B",
-                   help="only these chips (default: every registered chip)")
+                   help="only these chips (default: the chips HAL_EMULATE names, else every registered chip)")
     p.add_argument("--dtype", action="append", metavar="D[,D]",
                    help=f"dtypes to check, from {', '.join(TOLERANCE_DTYPES)} (default: {','.join(DEFAULT_DTYPES)})")
     p.add_argument("--ops", action="append", metavar="OP[,OP]", help="only these ops (default: all)")
@@ -156,13 +156,24 @@ def to_json(reports: Sequence[ChipReport], dtypes: Sequence[str]) -> dict:
                                    for x in r.rows]} for r in reports]}
 
 
+def _env_chips() -> Optional[list[str]]:
+    """Without --chips, the chips `HAL_EMULATE` names (the README's `HAL_EMULATE=ascend hal ops-check`
+    checks ascend only); None (every chip) when it is unset."""
+    import os
+    text = (os.environ.get("HAL_EMULATE") or "").strip()
+    if not text:
+        return None
+    from .emulation import chips_in_map
+    return list(dict.fromkeys(chips_in_map(text)))  # ChipSelectionError names a bad map
+
+
 def run(args: argparse.Namespace) -> int:
     dtypes = _split(args.dtype) or list(DEFAULT_DTYPES)
     bad = [d for d in dtypes if d not in TOLERANCE_DTYPES]
     if bad:
         from .errors import HalError
         raise HalError(f"--dtype {','.join(bad)}: no tolerance for it; choose from {list(TOLERANCE_DTYPES)}")
-    reports = run_checks(_split(args.chips) or None, dtypes, _split(args.ops) or OP_NAMES)
+    reports = run_checks(_split(args.chips) or _env_chips(), dtypes, _split(args.ops) or OP_NAMES)
     if args.json:
         from .cli import print_json
         print_json(to_json(reports, dtypes))

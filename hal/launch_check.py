@@ -218,7 +218,7 @@ def run_ranks(prog: str, cmd: list[str], env: dict) -> int:
         return 0
     first = first_rank_error(text)
     if first:
-        print(f"{prog}: error: {first}", file=sys.stderr)
+        print(f"{prog}: error: first failing rank: {first}", file=sys.stderr)
     else:
         last = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output on stderr)"]
         print(f"{prog}: error: a rank exited with code {code} without a Python exception; last stderr line: "
