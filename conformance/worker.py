@@ -194,15 +194,6 @@ def run_check(spec: WorkerSpec, where: str, fn: Callable, params: tuple, stack_p
     failure the CCL group is rebuilt on every rank (a failed collective can leave it unusable)."""
     bounds.arm_stack_dump(stack_path and f"{stack_path}.rank{os.environ.get('RANK', 0)}", dump_after_s)
     try:
-        if os.environ.get("H7PROF"):
-            import cProfile
-            p = cProfile.Profile()
-            p.enable()
-            try:
-                return _run_check(spec, where, fn, params)
-            finally:
-                p.disable()
-                p.dump_stats(f"/tmp/h7_prof.rank{os.environ['RANK']}")
         return _run_check(spec, where, fn, params)
     finally:
         bounds.disarm_stack_dump()
