@@ -1,0 +1,209 @@
+"""The first hour (issue 16): bad input to a launching command stops before torchrun starts, with one
+line on stderr naming the flag or variable and its value, exit code 2 and no traceback; a failing
+rank is reported once by the launcher; and the commands do what their help says.
+
+Every bad-input case runs through `hal.cli.main` in this process with `subprocess.call` replaced by a
+recorder, so "no worker started" is checked, not assumed, and no torchrun is launched.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hal.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+LAPTOP = str(ROOT / "examples" / "clusters" / "laptop-2x2.toml")
+CLEAN = ("HAL_EMULATE", "HAL_CLUSTER", "HAL_CHIP", "HAL_PLUGINS", "HAL_DISABLE_PLUGIN_AUTOLOAD", "HAL_CPU_CCL")
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Clean chip environment; every subprocess.call recorded (and not run)."""
+    for k in CLEAN:
+        monkeypatch.delenv(k, raising=False)
+    calls: list = []
+
+    def fake_call(cmd, *a, **kw):
+        calls.append((cmd, kw.get("env")))
+        return 0
+    monkeypatch.setattr(subprocess, "call", fake_call)
+    return calls
+
+
+def _bad_spec(tmp_path: Path, body: str) -> str:
+    p = tmp_path / "spec.toml"
+    p.write_text('[[sub_clusters]]\nname = "a"\nchip = "cuda"\nnodes = 1\n' + body)
+    return str(p)
+
+
+# (argv, environment, words the one line must contain)
+CASES = [
+    (["demo", "--nproc", "0"], {}, ["--nproc 0"]),
+    (["demo", "--timeout", "0"], {}, ["--timeout 0"]),
+    (["demo", "--timeout", "nan"], {}, ["--timeout nan"]),
+    (["demo", "--steps", "0"], {}, ["--steps 0"]),
+    (["demo", "--global-batch", "-1"], {}, ["--global-batch -1"]),
+    (["demo", "--emulate", "foo:2"], {}, ["--emulate foo:2", "'foo'", "known chips"]),
+    (["demo", "--emulate", "cuda:-1"], {}, ["--emulate cuda:-1", "'-1'", "whole number"]),
+    (["demo", "--emulate", "CUDA:2"], {}, ["CUDA:2", "lower case", "'cuda:2'"]),
+    (["demo", "--emulate", "cuda:2,,ascend:2"], {}, ["cuda:2,,ascend:2", "item 2 is empty"]),
+    (["demo", "--emulate", "cuda:2,ascend"], {}, ["cuda:2,ascend", "every item needs a count"]),
+    (["demo", "--emulate", ""], {}, ["--emulate ''"]),
+    (["demo", "--nproc", "3", "--emulate", "cuda:2,ascend:2"], {}, ["--nproc 3", "4 ranks"]),
+    (["demo", "--nproc", "1"], {}, ["--nproc 1", "at least 2"]),
+    (["demo", "--nproc", "100000"], {}, ["--nproc 100000"]),
+    (["demo"], {"HAL_EMULATE": "foo:2"}, ["HAL_EMULATE='foo:2'", "'foo'"]),
+    (["demo"], {"HAL_CHIP": "foo"}, ["HAL_CHIP='foo'"]),
+    (["demo"], {"HAL_PLUGINS": "nosuch"}, ["HAL_PLUGINS='nosuch'", "nosuch"]),
+    (["demo"], {"HAL_CLUSTER": "/nonexistent/spec.toml"}, ["HAL_CLUSTER=/nonexistent/spec.toml"]),
+    (["demo", "--nproc", "3"], {"HAL_CLUSTER": LAPTOP}, ["--nproc 3", "names 4 ranks"]),
+    (["demo"], {"HAL_CLUSTER": str(ROOT / "examples" / "clusters" / "h800-910b-32.toml")},
+     ["rank 0 of 32", "not natively available", "HAL_EMULATE=cuda"]),
+    (["demo"], {"HAL_CPU_CCL": "bogus"}, ["HAL_CPU_CCL='bogus'"]),
+    (["bench", "comm", "--min-bytes", "banana"], {}, ["--min-bytes banana"]),
+    (["bench", "comm", "--min-bytes", "1M", "--max-bytes", "4K"], {}, ["--min-bytes (1048576)", "(4096)"]),
+    (["bench", "comm", "--step-factor", "1"], {}, ["--step-factor", "1.0"]),
+    (["bench", "comm", "--step-factor", "1.001"], {}, ["--step-factor 1.001", "at most 64"]),
+    (["bench", "comm", "--emulate", "foo:2"], {}, ["--emulate foo:2", "'foo'"]),
+    (["bench", "comm", "--nproc", "0"], {}, ["--nproc 0"]),
+    (["bench", "comm", "--nproc", "1", "--emulate", "cuda:1"], {}, ["--nproc 1"]),
+    (["bench", "comm", "--timeout", "-5"], {}, ["--timeout -5"]),
+    (["bench", "comm", "--iters", "0"], {}, ["--iters 0"]),
+    (["bench", "comm"], {"HAL_EMULATE": "cuda:2,,ascend:2"}, ["item 2 is empty"]),
+    (["bench", "comm", "--json", "report.pdf"], {}, ["--json report.pdf", ".json"]),
+]
+
+
+@pytest.mark.parametrize("argv,env,needles", CASES, ids=[" ".join(c[0]) + " " + " ".join(
+    f"{k}={v}" for k, v in c[1].items()) for c in CASES])
+def test_bad_input_stops_before_launch(argv, env, needles, launches, monkeypatch, capsys):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2, (code, out, err)
+    assert len(lines) == 1, err
+    assert "Traceback" not in err + out
+    assert lines[0].startswith("hal ")
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert launches == [], "a worker was started"
+
+
+@pytest.mark.parametrize("body,line,needles", [
+    ('ranks_per_node = 100000000\n', 5, ["ranks_per_node = 100000000", "1024"]),
+    ('ranks_per_node = 2\nemulate = "yes"\n', 6, ["emulate = 'yes'", "boolean"]),
+    ('ranks_per_node = 2\ncolocate = 1\n', 6, ["colocate = 1", "boolean"]),
+])
+def test_bad_cluster_spec_stops_demo(body, line, needles, tmp_path, launches, monkeypatch, capsys):
+    monkeypatch.setenv("HAL_CLUSTER", _bad_spec(tmp_path, body))
+    assert main(["demo"]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err and launches == []
+    assert lines[0].startswith("hal demo: error: HAL_CLUSTER=") and f"spec.toml:{line}:" in lines[0]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def test_output_folder_is_created_up_front(tmp_path, launches, capsys):
+    target = tmp_path / "new" / "dir" / "rows.json"
+    assert main(["bench", "comm", "--max-bytes", "8K", "--json", str(target)]) == 0
+    assert target.parent.is_dir()
+    (cmd, _), = launches
+    assert cmd[cmd.index("--json") + 1] == str(target.resolve())
+
+
+def test_output_that_is_a_folder_is_refused(tmp_path, launches, capsys):
+    folder = tmp_path / "x.json"
+    folder.mkdir()
+    assert main(["bench", "comm", "--json", str(folder)]) == 2
+    assert "is a directory" in capsys.readouterr().err and launches == []
+
+
+def test_world_size_comes_from_the_cluster_spec(launches, monkeypatch, capsys):
+    # `HAL_CLUSTER=examples/clusters/laptop-2x2.toml hal demo` must not ask for --nproc
+    monkeypatch.setenv("HAL_CLUSTER", LAPTOP)
+    assert main(["demo", "--steps", "3"]) == 0
+    (cmd, env), = launches
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "4" and env["HAL_CLUSTER"] == LAPTOP
+    assert "HAL_EMULATE" not in env
+
+
+def test_nproc_alone_splits_cuda_and_ascend(launches, capsys):
+    assert main(["demo", "--nproc", "6"]) == 0
+    (cmd, env), = launches
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "6" and env["HAL_EMULATE"] == "cuda:3,ascend:3"
+
+
+def test_default_bench_is_small(launches, capsys):
+    # the default ladder stops at 16 MiB (the old 256 MiB default took ~3 minutes on this machine)
+    from ccl_bridge.bench import parse_size
+    assert main(["bench", "comm"]) == 0
+    (cmd, _), = launches
+    assert parse_size(cmd[cmd.index("--max-bytes") + 1]) == 16 << 20
+
+
+# ---- run time: the first failing rank, once ------------------------------------------------------
+_FAKE_RANKS = r"""
+import os, sys, time
+from hal.launch_check import report_rank_failure
+os.environ["HAL_EMULATE"] = "cuda:2,ascend:2"
+for rank, exc in ((3, ValueError("shape (4, 8) vs (4, 9) in op 'matmul'")), (0, TimeoutError("peer gone"))):
+    os.environ["RANK"] = str(rank)
+    report_rank_failure(exc)
+    print("Traceback (most recent call last):\n  ...noise...", file=sys.stderr)
+    time.sleep(0.01)
+sys.exit(1)
+"""
+
+
+def test_launcher_prints_the_first_failing_rank_once(capsys):
+    from hal.launch_check import run_ranks
+    import os
+    code = run_ranks("hal demo", [sys.executable, "-c", _FAKE_RANKS], dict(os.environ))
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert code == 1 and len(lines) == 2, err
+    assert lines[0] == ("hal demo: error: first failing rank: rank=3 chip=ascend ValueError: "
+                        "shape (4, 8) vs (4, 9) in op 'matmul'")
+    log = lines[1].split("full log of every rank: ")[1]
+    text = Path(log).read_text()
+    assert "Traceback" in text and "peer gone" in text and "Traceback" not in err
+    os.unlink(log)
+
+
+def test_launcher_without_a_python_error_says_so(capsys):
+    from hal.launch_check import run_ranks
+    import os
+    code = run_ranks("hal bench comm", [sys.executable, "-c", "import sys; print('killed', file=sys.stderr); "
+                                        "sys.exit(3)"], dict(os.environ))
+    err = capsys.readouterr().err.splitlines()
+    assert code == 3 and "exited with code 3" in err[0] and "killed" in err[0]
+    os.unlink(err[1].split(": ")[-1])
+
+
+# ---- flags do what their help says ----------------------------------------------------------------
+def test_info_exits_2_when_no_accelerator_can_be_selected(monkeypatch, capsys):
+    from hal.accelerator import reset
+    monkeypatch.setenv("HAL_EMULATE", "foo")
+    try:
+        assert main(["info"]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and "'foo'" in err
+        assert main(["info", "--json"]) == 2
+    finally:
+        reset()
+
+
+def test_ops_check_takes_its_chips_from_hal_emulate(monkeypatch, capsys):
+    monkeypatch.setenv("HAL_EMULATE", "ascend")
+    assert main(["ops-check", "--ops", "silu", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "chip ascend (EMULATED" in out and "chip cuda" not in out and "chip cpu" not in out
+    assert "1 chip(s)" in out
