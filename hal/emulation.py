@@ -39,7 +39,8 @@ def parse_emulate_map(text: str) -> list[tuple[str, Optional[int]]]:
                                      f"expected e.g. 'cuda:2,ascend:2'")
         m = _ITEM.match(item)
         if not m:
-            raise ChipSelectionError(f"HAL_EMULATE item {item!r} {_item_problem(item)} (in {text!r})")
+            raise ChipSelectionError(f"HAL_EMULATE item {item!r} is not 'chip' or 'chip:count': "
+                                     f"{_item_problem(item)} (in {text!r})")
         count = int(m.group(2)) if m.group(2) is not None else None
         if count == 0:
             raise ChipSelectionError(f"HAL_EMULATE item {item!r}: count must be >= 1 (in {text!r})")
@@ -54,12 +55,12 @@ def _item_problem(item: str) -> str:
     """Why `item` is not 'chip' or 'chip:count', as specifically as it can be said."""
     chip, _, count = item.partition(":")
     if chip != chip.lower() and _ITEM.match(item.lower()):
-        return f"has upper case: chip names are lower case, e.g. {item.lower()!r}"
+        return f"chip names are lower case, e.g. {item.lower()!r}"
     if count and not count.isdigit():
-        return f"has count {count!r}: a count is a whole number >= 1"
+        return f"the count {count!r} is not a whole number >= 1"
     if not re.match(r"^[a-z][a-z0-9_]*$", chip):
-        return f"has chip name {chip!r}: a chip name is lower-case letters, digits and '_' (e.g. 'cuda')"
-    return "is not 'chip' or 'chip:count'"
+        return f"the chip name {chip!r} is not lower-case letters, digits and '_' (e.g. 'cuda')"
+    return "expected e.g. 'cuda' or 'cuda:2'"
 
 
 def emulated_ranks(text: str, world_size: Optional[int] = None) -> Optional[list[str]]:

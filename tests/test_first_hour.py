@@ -48,7 +48,7 @@ CASES = [
     (["demo", "--steps", "0"], {}, ["--steps 0"]),
     (["demo", "--global-batch", "-1"], {}, ["--global-batch -1"]),
     (["demo", "--emulate", "foo:2"], {}, ["--emulate foo:2", "'foo'", "known chips"]),
-    (["demo", "--emulate", "cuda:-1"], {}, ["--emulate cuda:-1", "'-1'", "whole number"]),
+    (["demo", "--emulate", "cuda:-1"], {}, ["--emulate cuda:-1", "count '-1'", "whole number"]),
     (["demo", "--emulate", "CUDA:2"], {}, ["CUDA:2", "lower case", "'cuda:2'"]),
     (["demo", "--emulate", "cuda:2,,ascend:2"], {}, ["cuda:2,,ascend:2", "item 2 is empty"]),
     (["demo", "--emulate", "cuda:2,ascend"], {}, ["cuda:2,ascend", "every item needs a count"]),
