@@ -58,8 +58,6 @@ def test_raw_torch_gloo_on_strided_views(pool):
         assert wrong["rank 0: all_to_all_single"] == "refused: Tensors must be contiguous"
 
 
-@pytest.mark.xfail(strict=True, reason="hal.shm hands reduce/scatter/gather to a plain inner ProcessGroupGloo "
-                   "(hal/shm/process_group.py _fallback), which inherits pytorch/pytorch#192920")
 def test_shm_fabric_fallback_on_strided_views(pool):
     wrong = _wrong(pool.run(cases.strided_collectives, "shm", timeout=120))
     assert wrong == {}, wrong

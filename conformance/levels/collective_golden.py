@@ -205,7 +205,9 @@ def cast(exact: torch.Tensor, dtype: str) -> torch.Tensor:
 
 def bits(t: torch.Tensor) -> torch.Tensor:
     """The bytes of `t` (for bit-exact comparison, -0.0 != 0.0, NaN payloads count)."""
-    t = t.detach().to("cpu").contiguous()
+    # clone, not .contiguous(): torch calls a one-element view with stride 2 contiguous and returns it
+    # as is, and view(uint8) then refuses its stride
+    t = t.detach().to("cpu").clone(memory_format=torch.contiguous_format)
     return t.view(torch.uint8) if t.numel() else t.to(torch.uint8)
 
 

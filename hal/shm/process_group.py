@@ -179,8 +179,11 @@ class ShmProcessGroup(dist.ProcessGroup):
         """The inner gloo group for what shm does not implement (created by the first such call,
         which every rank makes since it is a collective)."""
         if self._gloo is None:
-            self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("hal_shm_gloo", self._store), self._rank,
-                                               self._size, self._timeout)
+            # StridedSafeGloo, not a raw ProcessGroupGloo: torch 2.13's gloo writes wrong elements for
+            # strided views (pytorch/pytorch#192920) and refuses with untyped errors (hal/gloo_group.py)
+            from ..gloo_group import StridedSafeGloo
+            self._gloo = StridedSafeGloo(dist.PrefixStore("hal_shm_gloo", self._store), self._rank,
+                                         self._size, self._timeout)
         return self._gloo
 
     @staticmethod
