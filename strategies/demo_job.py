@@ -122,19 +122,54 @@ def main(argv=None) -> int:
     print(f"  trained {args.steps} steps in {train_s:.1f} s; replaying them in one process for parity ...",
           flush=True)
     t1 = time.perf_counter()
-    ref = build_model(CFG, MODEL_SEED)
-    ref_opt = HalAdamW(ref.parameters(), lr=args.lr)
-    ref_losses = torch.stack([train_step(ref, ref_opt, data[s]) for s in range(args.steps)]).float()
+    ref_flat, ref_losses = replay(data, args.lr)
     ref_s = time.perf_counter() - t1
-    ref_flat = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
     diff = (flat - ref_flat).abs().max().item()
     moved = (ref_flat - torch.cat([p.detach().reshape(-1) for p in build_model(CFG, MODEL_SEED).parameters()])
              ).abs().max().item()
-    report(args, chips, losses, ref_losses, diff, moved, spread.item(), train_s, ref_s)
-    return 0 if diff <= args.tolerance else 1
+    floor = None
+    if diff > args.tolerance:
+        print(f"  |diff| {diff:.2e} > tolerance {args.tolerance:g}: replaying in float64 to measure float32's "
+              f"own rounding on this run ...", flush=True)
+        floor = float32_floor(flat, ref_flat, replay(data, args.lr, torch.float64)[0])
+    ok = parity_ok(diff, args.tolerance, floor)
+    report(args, chips, losses, ref_losses, diff, moved, spread.item(), train_s, ref_s, floor, ok)
+    return 0 if ok else 1
 
 
-def report(args, chips, losses, ref_losses, diff, moved, spread, train_s, ref_s) -> None:
+def replay(data: torch.Tensor, lr: float, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same model and data in one process: (final parameters flattened, loss per step)."""
+    ref = build_model(CFG, MODEL_SEED).to(dtype)
+    ref_opt = HalAdamW(ref.parameters(), lr=lr)
+    losses = torch.stack([train_step(ref, ref_opt, data[s]) for s in range(data.size(0))]).float()
+    return torch.cat([p.detach().reshape(-1) for p in ref.parameters()]), losses
+
+
+def float32_floor(flat: torch.Tensor, ref_flat: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
+    """(max |distributed - exact|, max |single process - exact|), exact = the float64 replay.
+
+    Why: AdamW's step is lr * m / (sqrt(v) + eps), about lr * sign(g) whatever |g| is, so an element
+    whose gradient nearly cancels (|g| ~ 1e-8..1e-7, common with 1 sequence per rank) turns float32's
+    rounding of the sum (~u * sum|partials|, u = 6e-8) into a visible change of its update; the
+    distributed run sums in another order than the single process, so both sit at float32's distance
+    from the exact result, which for `--steps 10 --global-batch 4` is above 1e-4 for the single process
+    itself (tests/test_first_hour.py measures it)."""
+    exact = exact.double()
+    return (flat.double() - exact).abs().max().item(), (ref_flat.double() - exact).abs().max().item()
+
+
+def parity_ok(diff: float, tolerance: float, floor=None) -> bool:
+    """Parity: within `tolerance` of the single process, or, when float32 rounding alone is larger
+    than that, no further from the float64 result than twice the single float32 process is."""
+    if diff <= tolerance:
+        return True
+    if floor is None:
+        return False
+    dist_err, single_err = floor
+    return dist_err <= max(tolerance, 2.0 * single_err)
+
+
+def report(args, chips, losses, ref_losses, diff, moved, spread, train_s, ref_s, floor=None, ok=None) -> None:
     steps = len(losses)
     marks = sorted({1, *[max(1, round(steps * f)) for f in (0.1, 0.25, 0.5, 0.75)], steps})
     print(f"\nloss curve (mean next-token cross entropy over the global batch; uniform guess = "
@@ -146,11 +181,15 @@ def report(args, chips, losses, ref_losses, diff, moved, spread, train_s, ref_s)
     tail = max(1, steps // 10)
     print(f"  loss fell {losses[:tail].mean():.3f} -> {losses[-tail:].mean():.3f} (mean of the first and "
           f"last {tail} steps); max |loss diff| over all {steps} steps {(losses - ref_losses).abs().max():.1e}")
-    ok = diff <= args.tolerance
+    ok = diff <= args.tolerance if ok is None else ok
     print(f"\nparity with a single-process run of the same model and data ({CFG.num_params():,} parameters):")
     print(f"  max |{args.backend} DDP - single process| over final parameters = {diff:.2e} "
           f"(tolerance {args.tolerance:g}; parameters moved up to {moved:.2e} from init)  "
-          f"{'PARITY OK' if ok else 'PARITY FAILED'}")
+          f"{('PARITY OK' if ok else 'PARITY FAILED') if floor is None else 'above tolerance:'}")
+    if floor is not None:
+        print(f"  float32 rounding on this run (vs a float64 replay): single process {floor[1]:.2e}, "
+              f"{args.backend} DDP {floor[0]:.2e}; parity holds when DDP is within max(tolerance, 2 x single "
+              f"process) = {max(args.tolerance, 2 * floor[1]):.2e}  {'PARITY OK' if ok else 'PARITY FAILED'}")
     print(f"  replicas agree across ranks: max |rank r - rank 0| = {spread:.1e}")
     print(f"  wall time: {train_s:.1f} s distributed, {ref_s:.1f} s single process")
     print("\nranks (chip each rank ran):")
