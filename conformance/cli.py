@@ -41,6 +41,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="print every result as it comes")
 
 
+def _check_flags(args: argparse.Namespace) -> dict:
+    """--plugin, --nproc, --timeout and every output path, checked up front (one line, exit 2)."""
+    from importlib import metadata, util
+
+    from hal.launch_check import MAX_LOCAL_RANKS, LaunchError, check_float, check_int, check_output_path
+    if args.nproc is not None:
+        check_int("--nproc", args.nproc, 1, MAX_LOCAL_RANKS)
+    check_float("--timeout", args.timeout, 0.0, 86_400.0)
+    eps = sorted(ep.name for ep in metadata.entry_points(group="hal.plugins"))
+    try:
+        importable = args.plugin in eps or util.find_spec(args.plugin) is not None
+    except (ImportError, ValueError):
+        importable = False
+    if not importable:
+        raise LaunchError(f"--plugin {args.plugin}: neither an installed plugin (entry points of group "
+                          f"'hal.plugins': {eps}) nor an importable module")
+    out = {}
+    for flag, suffixes in (("json", (".json",)), ("report", (".md", ".html")), ("junitxml", (".xml",)),
+                           ("efficiency", (".json",))):
+        path = check_output_path(f"--{flag}", getattr(args, flag), suffixes)
+        if path:
+            setattr(args, flag, path)
+            out[flag] = path
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from .checks import parse_levels
     from .suite import discover, run_suite
@@ -50,15 +76,29 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"hal conformance: error: {exc}", file=sys.stderr)
         return 2
+    from hal.errors import HalError
+    from hal.launch_check import fail
+    try:
+        outputs = _check_flags(args)  # before any plugin is loaded or rank started (hal.launch_check)
+    except HalError as exc:
+        return fail("hal conformance", exc)
     from .bounds import hard_bound
     from .target import default_nproc
     target = load_target(args.plugin, chip=args.chip, emulate=args.emulate, nproc=args.nproc or 2,
                          group_timeout_s=args.timeout)
     if args.nproc is None:
         target.nproc = default_nproc(target)
+    if args.select and not discover(target, levels, args.select):
+        return fail("hal conformance", ValueError(
+            f"-k {' -k '.join(args.select)}: matches no check in levels {','.join(levels)} "
+            f"(`hal conformance --plugin {args.plugin} --list` shows the ids)"))
     if args.list:
-        for c in discover(target, levels, args.select):
-            print(f"{c.id:<58} {c.doc}")
+        try:
+            for c in discover(target, levels, args.select):
+                print(f"{c.id:<58} {c.doc}")
+            sys.stdout.flush()
+        except BrokenPipeError:  # `--list | head`: the reader has all it wanted
+            sys.stdout = None
         return 0
 
     def show(res) -> None:
@@ -84,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             report.efficiency_matrix.write(args.efficiency)
     print(report.console())
+    for flag, path in outputs.items():
+        if getattr(args, flag) and (flag != "efficiency" or report.efficiency_matrix is not None):
+            print(f"hal conformance: --{flag} written to {path}")
     if not report.ok:
         return 1
     if args.fail_on_skip and report.summary["skipped"]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conformance.checks import Check, CheckFailed, CheckResult, matches, parse_levels
-from conformance.efficiency import EfficiencyMatrix
+from hal.efficiency import EfficiencyMatrix
 from conformance.report import Report
 from conformance.runner import PoolHandle, Runner
 from conformance.target import load_target
@@ -127,7 +127,8 @@ def test_cli_exit_codes(tmp_path, capsys):
     # A chip that is not native here and not --emulate: the suite cannot start (exit 2, says why).
     assert hal_main(["conformance", "--plugin", "cuda", "--level", "contract"]) == 2
     assert "--emulate" in capsys.readouterr().err
-    assert hal_main(["conformance", "--plugin", "no_such_plugin_xyz", "--level", "contract"]) == 1
+    # an unknown plugin is bad input: exit 2 before any check (issue 16; the docstring's documented code)
+    assert hal_main(["conformance", "--plugin", "no_such_plugin_xyz", "--level", "contract"]) == 2
     assert hal_main(["conformance", "--plugin", "cpu", "--level", "nope"]) == 2
 
 

@@ -75,6 +75,11 @@ CASES = [
     (["bench", "comm", "--iters", "0"], {}, ["--iters 0"]),
     (["bench", "comm"], {"HAL_EMULATE": "cuda:2,,ascend:2"}, ["item 2 is empty"]),
     (["bench", "comm", "--json", "report.pdf"], {}, ["--json report.pdf", ".json"]),
+    (["conformance", "--plugin", "nosuch"], {}, ["--plugin nosuch", "entry points"]),
+    (["conformance", "--plugin", "cpu", "--level", "contract", "-k", "nosuchcheck"], {}, ["-k nosuchcheck"]),
+    (["conformance", "--plugin", "cpu", "--nproc", "0"], {}, ["--nproc 0"]),
+    (["conformance", "--plugin", "cpu", "--timeout", "-5"], {}, ["--timeout -5"]),
+    (["conformance", "--plugin", "cpu", "--report", "r.pdf"], {}, ["--report r.pdf", ".md or .html"]),
 ]
 
 
@@ -260,3 +265,10 @@ def test_small_batch_parity_is_float32_rounding_not_a_bug():
     wrong, _ = _ddp_replay(torch.float32, steps, batch, world, lose_rank=3)
     wrong_floor = float32_floor(wrong, single32, exact)
     assert not parity_ok((wrong - single32).abs().max().item(), tol, wrong_floor)
+
+
+def test_conformance_list_into_a_closed_pipe_is_quiet():
+    # `hal conformance --list | head -1`: no BrokenPipeError traceback
+    proc = subprocess.run(f"{sys.executable} -m hal.cli conformance --plugin cpu --list | head -1",
+                          shell=True, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.stdout.startswith("contract.") and "Traceback" not in proc.stderr, proc.stderr
