@@ -32,7 +32,7 @@ class Report:
     levels: list[str]
     results: list[CheckResult]
     seconds: float = 0.0
-    efficiency_matrix: Any = None  # conformance.efficiency.EfficiencyMatrix when perf ran
+    efficiency_matrix: Any = None  # hal.efficiency.EfficiencyMatrix when perf ran
     plugin_version: Optional[str] = None
     extra: dict = field(default_factory=dict)
 

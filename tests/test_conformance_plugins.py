@@ -10,7 +10,7 @@ import json
 import pytest
 
 from conformance.checks import LEVELS
-from conformance.efficiency import EfficiencyMatrix
+from hal.efficiency import EfficiencyMatrix
 from conformance.runner import PoolHandle
 from conformance.suite import run_suite
 from conformance.target import load_target

@@ -49,19 +49,26 @@ def test_every_figure_has_a_source_and_defaults_say_so():
 
 
 def test_measured_matrix_replaces_catalog(tmp_path):
-    (tmp_path / "h.json").write_text(json.dumps({
-        "schema_version": "1.0", "chip": "cuda", "profile_model": "H100", "emulated": False,
-        "matmul": [{"dtype": "bfloat16", "flops_per_s": 6e14}, {"dtype": "bfloat16", "flops_per_s": 7e14}],
-        "memory_bandwidth": [{"bytes_per_s": 3e12}],
-        "collectives": [{"collective": "all_reduce", "bytes": 2**20, "busbw": 1e11},
-                        {"collective": "all_reduce", "bytes": 2**30, "busbw": 3e11}]}))
+    from hal.efficiency import BandwidthFigure, CollectiveFigure, EfficiencyMatrix, MatmulFigure
     from strategies.planner.facts import load_matrices
+
+    def mm(f):
+        return MatmulFigure(dtype="bfloat16", m=4096, n=4096, k=4096, flops_per_s=f, seconds_median=1.0, repeats=3)
+
+    def ar(nbytes, bus):
+        return CollectiveFigure(collective="all_reduce", dtype="bfloat16", bytes=nbytes, world_size=8,
+                                seconds_median=1.0, algbw=bus, busbw=bus, repeats=3)
+    EfficiencyMatrix(chip="cuda", plugin="cuda", profile_model="H100", emulated=False, device="cuda:0", ccl="nccl",
+                     torch_version="2.13", host="h", measured_at="2026-11-23T00:00:00Z",
+                     matmul=[mm(6e14), mm(7e14)],
+                     memory_bandwidth=[BandwidthFigure(bytes=2**30, bytes_per_s=3e12, seconds_median=1.0, repeats=3)],
+                     collectives=[ar(2**20, 1e11), ar(2**30, 3e11)]).write(tmp_path / "h.json")
     topo = _topo(("h", "cuda", "H100", 1, 8))
     f = chip_facts(topo.sub_clusters[0], load_matrices(tmp_path))
     assert f.flops == 7e14 and f.sources["flops"].startswith("measured")
     assert f.memory_bw == 3e12 and 1e11 < f.intra_bw < 3e11 and f.sources["intra_bw"].startswith("measured")
     (tmp_path / "bad.json").write_text(json.dumps({"schema_version": "2.0", "chip": "x"}))
-    with pytest.raises(ValueError, match="schema '2.0'"):
+    with pytest.raises(ValueError, match="bad.json: not an efficiency matrix"):
         load_matrices(tmp_path)
 
 

@@ -84,7 +84,7 @@ def check_collective_busbw(ctx) -> Passed:
     import torch
     import torch.distributed as dist
 
-    from ..efficiency import BUSBW_FACTOR
+    from hal.efficiency import BUSBW_FACTOR
     acc, pg, n, rank = ctx.acc, ctx.ccl(), ctx.world_size, ctx.rank
     host = _host(ctx)
     sizes = [1 << p for p in (range(12, 23, 2) if host else range(16, 29, 2))]
@@ -142,7 +142,7 @@ def check_efficiency_matrix(ctx) -> Passed:
     matrix = assemble(ctx)
     return Passed(f"efficiency matrix {matrix.schema_version}: {len(matrix.matmul)} matmul, "
                   f"{len(matrix.memory_bandwidth)} bandwidth, {len(matrix.collectives)} collective figures; "
-                  f"validates against conformance.efficiency.EfficiencyMatrix", matrix)
+                  f"validates against hal.efficiency.EfficiencyMatrix", matrix)
 
 
 AGREEMENT = (0.01, 1.25)  # measured / declared: below 1 % or above 125 % the declared figure is wrong

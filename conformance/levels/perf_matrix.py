@@ -6,7 +6,7 @@ import socket
 from datetime import datetime, timezone
 
 from ..checks import CheckFailed, CheckSkipped
-from ..efficiency import SCHEMA_VERSION, EfficiencyMatrix
+from hal.efficiency import SCHEMA_VERSION, EfficiencyMatrix
 from ..target import LocalContext
 
 _SOURCES = ("perf.matmul", "perf.memory_bandwidth", "perf.collective_busbw")

@@ -15,7 +15,6 @@ Defaults are assumptions, not facts, and say so in their source string:
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -89,48 +88,24 @@ def _catalog_profile(chip: str, model: Optional[str]):
         return None
 
 
-def load_matrices(directory: Optional[str | Path]) -> dict[str, dict]:
-    """Efficiency matrices in `directory` (`*.json` written by the perf level), keyed by chip name
-    and by profile model. Read as plain JSON with the schema's major version checked, so the
-    planner does not import the conformance suite."""
+def load_matrices(directory: Optional[str | Path]) -> dict[str, Any]:
+    """Efficiency matrices in `directory` (`*.json` written by the perf level, validated by
+    `hal.efficiency`), keyed by chip name and by profile model: (matrix, file)."""
     if directory is None:
         return {}
+    from hal.efficiency import load_efficiency_matrix
     d = Path(directory)
     if not d.is_dir():
         raise FileNotFoundError(f"--matrix {d}: not a directory of efficiency matrices")
-    out: dict[str, dict] = {}
+    out: dict[str, Any] = {}
     for f in sorted(d.glob("*.json")):
-        data = json.loads(f.read_text())
-        if str(data.get("schema_version", "")).split(".")[0] != "1":
-            raise ValueError(f"{f}: efficiency matrix schema {data.get('schema_version')!r}; the planner reads 1.x")
-        data["_file"] = str(f)
-        out[data["chip"]] = data
-        out[data.get("profile_model", "")] = data
+        try:
+            m = load_efficiency_matrix(f)
+        except Exception as exc:   # pydantic's ValidationError or bad JSON: name the file
+            raise ValueError(f"{f}: not an efficiency matrix: {str(exc).splitlines()[0]}") from None
+        out[m.chip] = (m, str(f))
+        out[m.profile_model] = (m, str(f))
     return out
-
-
-def _matrix_busbw(matrix: dict):
-    pts: dict[str, list[tuple[int, float]]] = {}
-    for c in matrix.get("collectives", []):
-        pts.setdefault(c["collective"], []).append((c["bytes"], c["busbw"]))
-    for v in pts.values():
-        v.sort()
-
-    def busbw(collective: str, nbytes: int) -> Optional[float]:
-        import math
-        p = pts.get(collective)
-        if not p:
-            return None
-        if nbytes <= p[0][0]:
-            return p[0][1]
-        if nbytes >= p[-1][0]:
-            return p[-1][1]
-        for (b0, v0), (b1, v1) in zip(p, p[1:]):
-            if b0 <= nbytes <= b1:
-                w = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
-                return v0 + w * (v1 - v0)
-        return p[-1][1]
-    return busbw
 
 
 def chip_facts(sc, matrices: Optional[dict[str, dict]] = None, dtype: str = "bfloat16") -> ChipFacts:
@@ -143,18 +118,16 @@ def chip_facts(sc, matrices: Optional[dict[str, dict]] = None, dtype: str = "bfl
         if (model and key.lower() == str(model).lower()) or (prof is not None and key in prof.model):
             assumed = table
     src: dict[str, str] = {}
-    m = (matrices or {}).get(model_key) or (matrices or {}).get(chip)
+    m, mfile = (matrices or {}).get(model_key) or (matrices or {}).get(chip) or (None, "")
 
     # compute
     flops = None
     peak = prof.peak(dtype) if prof else None
     if not peak and "peak_bf16" in assumed:
         peak = assumed["peak_bf16"][0]
-    if m:
-        best = [f["flops_per_s"] for f in m.get("matmul", []) if f["dtype"] == dtype]
-        if best:
-            flops = max(best)
-            src["flops"] = f"measured: {m['_file']} (best {dtype} matmul" + (", EMULATED host" if m.get("emulated") else "") + ")"
+    if m is not None and m.best_matmul_flops(dtype):
+        flops = m.best_matmul_flops(dtype)
+        src["flops"] = f"measured: {mfile} (best {dtype} matmul" + (", EMULATED host" if m.emulated else "") + ")"
     if flops is None:
         if prof is not None and prof.peak(dtype):
             flops = DEFAULT_MFU * peak
@@ -185,19 +158,19 @@ def chip_facts(sc, matrices: Optional[dict[str, dict]] = None, dtype: str = "bfl
 
     memory = pick("memory", "memory_bytes", DEFAULT_MEMORY)
     mem_bw = None
-    if m and m.get("memory_bandwidth"):
-        mem_bw = max(f["bytes_per_s"] for f in m["memory_bandwidth"])
-        src["memory_bw"] = f"measured: {m['_file']}"
+    if m is not None and m.memory_bytes_per_s():
+        mem_bw = m.memory_bytes_per_s()
+        src["memory_bw"] = f"measured: {mfile}"
     if mem_bw is None:
         mem_bw = pick("memory_bw", "memory_bandwidth", DEFAULT_MEMORY_BW)
     intra = link(sc.intra_bandwidth)
     nic = link(sc.nic_bandwidth)
     src["intra_bw"] = f"topology: {sc.intra_bandwidth.source} x {LINK_EFFICIENCY} link efficiency"
     src["nic_bw"] = f"topology: {sc.nic_bandwidth.source} x {LINK_EFFICIENCY} link efficiency"
-    measured_bus = _matrix_busbw(m)("all_reduce", 64 * 2**20) if m else None
+    measured_bus = m.busbw("all_reduce", 64 * 2**20) if m is not None else None
     if measured_bus:
         intra = measured_bus
-        src["intra_bw"] = f"measured: {m['_file']} (all_reduce busbw at 64 MiB, {m.get('ccl', '?')})"
+        src["intra_bw"] = f"measured: {mfile} (all_reduce busbw at 64 MiB, {m.ccl})"
     src["host_copy_bw"] = DEFAULT_HOST_COPY_BW[1]
     return ChipFacts(name=name, chip=chip, model=str(model_key), ranks=tuple(sc.ranks),
                      ranks_per_node=len(sc.nodes[0]) if sc.nodes else len(sc.ranks),
