@@ -135,7 +135,12 @@ def check(args: argparse.Namespace, environ: dict) -> tuple[int, dict]:
         raise LaunchError(f"--step-factor {args.step_factor}: makes {len(sizes)} sizes from --min-bytes "
                           f"{args.min_bytes} to --max-bytes {args.max_bytes}; at most 64")
     args.json = check_output_path("--json", args.json, (".json",))
-    nproc, env, _ = plan_ranks(args.nproc, args.emulate, environ, _default_emulate, min_ranks=2)
+    nproc = args.nproc
+    chip_only = (environ.get("HAL_CHIP") or "").strip() and not any(
+        (environ.get(k) or "").strip() for k in ("HAL_EMULATE", "HAL_CLUSTER"))
+    if nproc is None and (args.emulate == "none" or (args.emulate is None and chip_only)):
+        nproc = 4  # no map to count: the help's default
+    nproc, env, _ = plan_ranks(nproc, args.emulate, environ, _default_emulate, min_ranks=2)
     env.setdefault("OMP_NUM_THREADS", "1")
     return nproc, env
 

@@ -10,6 +10,13 @@ examples:
   hal demo --nproc 6                         # cuda:3,ascend:3
   hal demo --backend gloo                    # the same job on flat gloo, for comparison
 
+Every flag and the chip environment (HAL_EMULATE, HAL_CLUSTER, HAL_CHIP, HAL_PLUGINS) are checked
+before torchrun starts (hal.launch_check); the rank count comes from --nproc, the emulation map or the
+cluster spec (`HAL_CLUSTER=examples/clusters/laptop-2x2.toml hal demo` starts its 4 ranks). If a rank
+fails, the first failing rank's error is printed once, with the path of the full log of every rank.
+
+exit codes: 0 trained with parity; 1 parity failed or a rank failed; 2 bad input (nothing started).
+
 The training code is the module `strategies.demo_job`, started by name in the torchrun ranks, so the
 `hal` layer imports nothing above it.
 """

@@ -272,3 +272,9 @@ def test_conformance_list_into_a_closed_pipe_is_quiet():
     proc = subprocess.run(f"{sys.executable} -m hal.cli conformance --plugin cpu --list | head -1",
                           shell=True, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.stdout.startswith("contract.") and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_bench_native_without_a_map_defaults_to_4_ranks(launches, capsys):
+    assert main(["bench", "comm", "--emulate", "none"]) == 0
+    (cmd, env), = launches
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "4" and "HAL_EMULATE" not in env
