@@ -72,6 +72,13 @@ def load(root: Path, step: int, run, opt, group) -> int:
     dcp.load(state, checkpoint_id=str(path), process_group=group)
     mod = _module(run)
     if mod is not None:
+        hyper = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
         set_state_dict(mod, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        # torch 2.13 + DCP drops the float hyperparameters (lr, betas, eps, weight_decay) of a pipeline
+        # stage's param group on load (seen on stage 0 of a 2-stage plan, not on the last stage); they
+        # come from the config (lr from the step) anyway, so put back what the load left out
+        for g, h in zip(opt.param_groups, hyper):
+            for k, v in h.items():
+                g.setdefault(k, v)
     torch.set_rng_state(state[f"rng_rank{dist.get_rank()}"])
     return int(state["step"])
