@@ -107,6 +107,13 @@ def _emulate_count(where: str, text: str, pm) -> Optional[int]:
     return sum(c for _, c in items)
 
 
+def check_emulate_map(where: str, text: str, environ: Optional[dict] = None) -> Optional[int]:
+    """Ranks an emulation map names (None for a bare chip name), every item and chip checked;
+    `where` names the flag or variable in the message (e.g. "--chips cuda:2,ascend:2")."""
+    env = dict(os.environ if environ is None else environ)
+    return _emulate_count(where, text, _plugin_manager(env))
+
+
 def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
                default_emulate: Callable[[Optional[int]], str], min_ranks: int = 1) -> tuple[int, dict, str]:
     """(ranks to start, env for the ranks, how the chips were chosen), everything checked.

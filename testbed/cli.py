@@ -83,6 +83,11 @@ def run(args: argparse.Namespace) -> int:
                 raise TestbedSpecError(f"--ranks {args.ranks!r}: expected integers such as 2,2 or 2,1,1") from None
             chips: list[str] = []
             if args.chips:
+                from hal.launch_check import LaunchError, check_emulate_map
+                mapped = check_emulate_map(f"--chips {args.chips}", args.chips)  # before the bed is built
+                if mapped is not None and mapped != sum(ranks):
+                    raise LaunchError(f"--chips {args.chips} maps {mapped} ranks but --ranks {args.ranks} "
+                                      f"has {sum(ranks)}")
                 from hal.emulation import emulated_ranks
                 chips = emulated_ranks(args.chips, sum(ranks)) or [args.chips.strip()] * sum(ranks)
             spec = BedSpec.of(ranks, rate=parse_rate(args.rate), loss=args.loss, delay_ms=args.delay_ms,
@@ -94,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"next: hal testbed run --name {bed.name} -- -m MODULE ...   then: hal testbed down --name {bed.name}")
         return 0
     if cmd == "run":
+        from hal.launch_check import check_float
+        check_float("--timeout", args.timeout, 0.0, 7 * 86_400.0)
         from .launch import launch
         target = _strip(args.target)
         if not target:
