@@ -24,6 +24,7 @@ from .capabilities import CapabilityMatrix
 from .errors import ChipSelectionError
 
 _log = logging.getLogger(__name__)
+MAX_EMULATED_RANKS = 65536  # per item: far above any emulated job, far below a typo's 1e8
 _ITEM = re.compile(r"^([a-z][a-z0-9_]*)(?::(\d+))?$")
 
 
@@ -44,6 +45,9 @@ def parse_emulate_map(text: str) -> list[tuple[str, Optional[int]]]:
         count = int(m.group(2)) if m.group(2) is not None else None
         if count == 0:
             raise ChipSelectionError(f"HAL_EMULATE item {item!r}: count must be >= 1 (in {text!r})")
+        if count is not None and count > MAX_EMULATED_RANKS:
+            raise ChipSelectionError(f"HAL_EMULATE item {item!r}: count {count} is above {MAX_EMULATED_RANKS} "
+                                     f"(every rank is listed in memory; a typo?) (in {text!r})")
         out.append((m.group(1), count))
     if len(out) > 1 and any(c is None for _, c in out):
         raise ChipSelectionError(f"HAL_EMULATE={text!r}: with several chips every item needs a count, "

@@ -53,6 +53,8 @@ CASES = [
     (["demo", "--emulate", "cuda:2,,ascend:2"], {}, ["cuda:2,,ascend:2", "item 2 is empty"]),
     (["demo", "--emulate", "cuda:2,ascend"], {}, ["cuda:2,ascend", "every item needs a count"]),
     (["demo", "--emulate", ""], {}, ["--emulate ''"]),
+    (["demo", "--emulate", "cuda:100000000"], {}, ["cuda:100000000", "above 65536"]),
+    (["demo", "--emulate", "cuda:300"], {}, ["ranks to start 300", "256"]),
     (["demo", "--nproc", "3", "--emulate", "cuda:2,ascend:2"], {}, ["--nproc 3", "4 ranks"]),
     (["demo", "--nproc", "1"], {}, ["--nproc 1", "at least 2"]),
     (["demo", "--nproc", "100000"], {}, ["--nproc 100000"]),
@@ -282,3 +284,10 @@ def test_bench_native_without_a_map_defaults_to_4_ranks(launches, capsys):
     assert main(["bench", "comm", "--emulate", "none"]) == 0
     (cmd, env), = launches
     assert cmd[cmd.index("--nproc-per-node") + 1] == "4" and "HAL_EMULATE" not in env
+
+
+def test_cluster_show_refuses_a_huge_layout_at_once(tmp_path, capsys):
+    # `ranks_per_node = 100000000` used to lay out 1e8 ranks for minutes before printing anything
+    assert main(["cluster", "show", _bad_spec(tmp_path, "ranks_per_node = 100000000\n")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "ranks_per_node = 100000000" in err and "1024" in err
