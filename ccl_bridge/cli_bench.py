@@ -140,7 +140,7 @@ def check(args: argparse.Namespace, environ: dict) -> tuple[int, dict]:
         (environ.get(k) or "").strip() for k in ("HAL_EMULATE", "HAL_CLUSTER"))
     if nproc is None and (args.emulate == "none" or (args.emulate is None and chip_only)):
         nproc = 4  # no map to count: the help's default
-    nproc, env, _ = plan_ranks(nproc, args.emulate, environ, _default_emulate, min_ranks=2)
+    nproc, env, _, _ = plan_ranks(nproc, args.emulate, environ, _default_emulate, min_ranks=2)
     env.setdefault("OMP_NUM_THREADS", "1")
     return nproc, env
 

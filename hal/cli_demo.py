@@ -64,30 +64,30 @@ def _default_emulate(nproc):
     return DEFAULT_EMULATE if n == 4 else f"cuda:{(n + 1) // 2},ascend:{n // 2}"
 
 
-def plan(args: argparse.Namespace, environ: dict) -> tuple[int, dict, str]:
-    """(nproc, env for the ranks, how the chips were chosen): every flag and chip variable checked
-    here, before torchrun starts (hal.launch_check; LaunchError names the flag or variable)."""
+def plan(args: argparse.Namespace, environ: dict) -> tuple:
+    """(nproc, env for the ranks, how the chips were chosen, (chip, emulated) per rank): every flag and
+    chip variable checked here, before torchrun starts (hal.launch_check; LaunchError names the flag or variable)."""
     from .launch_check import check_float, check_int, plan_ranks
     check_int("--steps", args.steps, 1, 10_000_000)
     check_int("--global-batch", args.global_batch, 1, 1_000_000)
     check_float("--tolerance", args.tolerance, 0.0)
     check_float("--timeout", args.timeout, 0.0, 86_400.0)
     # a mixed cluster needs 2 ranks, but a user's own HAL_EMULATE=cuda:1 is a fine 1-rank job
-    nproc, env, source = plan_ranks(args.nproc, args.emulate, environ, _default_emulate, min_ranks=1)
+    nproc, env, source, chips = plan_ranks(args.nproc, args.emulate, environ, _default_emulate, min_ranks=1)
     env.setdefault("OMP_NUM_THREADS", "1")  # the ranks share this machine's cores
-    return nproc, env, source
+    return nproc, env, source, chips
 
 
 def run(args: argparse.Namespace) -> int:
     from .errors import HalError
     from .launch_check import fail, run_ranks
     try:
-        nproc, env, source = plan(args, os.environ)
+        nproc, env, source, chips = plan(args, os.environ)
     except HalError as exc:
         return fail("hal demo", exc)
     per_rank = max(1, args.global_batch // nproc)
     global_batch = per_rank * nproc
-    emulated = bool(env.get("HAL_EMULATE"))
+    emulated = all(e for _, e in chips)
     print(f"hal demo: {nproc} ranks on this machine, chips {source}")
     if emulated:
         print(f"  EMULATED: no accelerator is used. Each rank runs its chip's identity, profile and ops on this "

@@ -115,8 +115,9 @@ def check_emulate_map(where: str, text: str, environ: Optional[dict] = None) -> 
 
 
 def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
-               default_emulate: Callable[[Optional[int]], str], min_ranks: int = 1) -> tuple[int, dict, str]:
-    """(ranks to start, env for the ranks, how the chips were chosen), everything checked.
+               default_emulate: Callable[[Optional[int]], str], min_ranks: int = 1) -> tuple:
+    """(ranks to start, env for the ranks, how the chips were chosen, (chip, emulated) of every rank),
+    everything checked.
 
     `emulate` is the `--emulate` flag (it overrides `HAL_EMULATE`; "none" drops it); with neither it
     nor a chip variable set, `default_emulate(nproc)` gives the map."""
@@ -160,19 +161,20 @@ def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
     if chip and chip not in pm.chips:
         raise LaunchError(f"HAL_CHIP={chip!r}: no plugin provides this chip; known chips: {sorted(pm.chips)}")
     if world is not None and nproc is not None and world != nproc:
-        what = where or ("HAL_EMULATE=" + repr(env["HAL_EMULATE"]) if env.get("HAL_EMULATE") else f"HAL_CLUSTER={cluster}")
+        what = where or (f"HAL_EMULATE={env['HAL_EMULATE']!r}" if env.get("HAL_EMULATE")
+                         else f"HAL_CLUSTER={cluster}")
         raise LaunchError(f"--nproc {nproc}, but {what} names {world} ranks; drop --nproc or make them agree")
     world = world if world is not None else nproc
     if world is None:
         raise LaunchError(f"cannot tell how many ranks to start from {source}; pass --nproc N")
     check_int("ranks to start" if nproc is None else "--nproc", world, max(1, min_ranks), MAX_LOCAL_RANKS)
-    _check_each_rank(pm, env, world)
-    return world, env, source
+    return world, env, source, _check_each_rank(pm, env, world)
 
 
-def _check_each_rank(pm, env: dict, world: int) -> None:
+def _check_each_rank(pm, env: dict, world: int) -> list[tuple[str, bool]]:
     """Resolve every rank's chip exactly as the rank will (hal.accelerator.select_chip)."""
     from .accelerator import select_chip
+    chips = []
     for rank in range(world):
         renv = {**env, "RANK": str(rank), "WORLD_SIZE": str(world)}
         try:
@@ -182,6 +184,8 @@ def _check_each_rank(pm, env: dict, world: int) -> None:
         if not sel.emulated and not pm.native_available(sel.chip):
             raise LaunchError(f"rank {rank} of {world}: chip {sel.chip!r} ({sel.reason}) is not natively "
                               f"available on this machine; to run it emulated set HAL_EMULATE={sel.chip}")
+        chips.append((sel.chip, sel.emulated))
+    return chips
 
 
 # ---- run time: the first failing rank's own error, once -------------------------------------------

@@ -291,3 +291,15 @@ def test_cluster_show_refuses_a_huge_layout_at_once(tmp_path, capsys):
     assert main(["cluster", "show", _bad_spec(tmp_path, "ranks_per_node = 100000000\n")]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "ranks_per_node = 100000000" in err and "1024" in err
+
+
+def test_demo_plan_says_which_ranks_are_emulated(monkeypatch):
+    import argparse
+    from hal.cli_demo import add_arguments, plan
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    for k in CLEAN:
+        monkeypatch.delenv(k, raising=False)
+    nproc, env, source, chips = plan(p.parse_args([]), {"HAL_CLUSTER": LAPTOP})
+    assert nproc == 4 and chips == [("cuda", True), ("cuda", True), ("ascend", True), ("ascend", True)]
+    assert source.startswith("HAL_CLUSTER=")
