@@ -24,11 +24,9 @@ import json
 import os
 import shlex
 import socket
-import subprocess
 import sys
 from typing import Optional
 
-_CHIP_ENV = ("HAL_EMULATE", "HAL_CLUSTER", "HAL_CHIP")
 DEFAULT_EMULATE = "cuda:2,ascend:2"
 
 
