@@ -78,6 +78,13 @@ def step_table(sim: SimResult) -> str:
     return _table(rows)
 
 
+def _peak_memory(sim: SimResult) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for r in sim.ranks:
+        out[r.sub_cluster] = max(out.get(r.sub_cluster, 0.0), r.memory_bytes)
+    return out
+
+
 def summary(result, model_name: str, batch: int, seq: int) -> dict:
     """The JSON of `hal plan --json` (a `search.SearchResult`)."""
     best, even = result.best, result.even
@@ -92,8 +99,7 @@ def summary(result, model_name: str, batch: int, seq: int) -> dict:
         "parts": {k: {"tokens_per_s": c.sim.tokens_per_s, "layout": c.describe} for k, c in result.parts.items()},
         "layout": best.describe, "family": best.family,
         "mfu": best.sim.mfu, "bubble_share": best.sim.bubble_share, "comm_share": best.sim.comm_share,
-        "peak_memory_bytes": {r.sub_cluster: max(x.memory_bytes for x in best.sim.ranks if x.sub_cluster == r.sub_cluster)
-                              for r in best.sim.ranks},
+        "peak_memory_bytes": _peak_memory(best.sim),
         "search_s": result.search_s, "candidates": result.evaluated,
         "notes": best.sim.notes,
     }
