@@ -64,6 +64,7 @@ class PlanSection(_Section):
     pp: int = Field(default=1, ge=1, description="even: pipeline stages")
     tp: int = Field(default=1, ge=1, description="even: tensor-parallel degree")
     zero: Literal[0, 2, 3] = 0
+    ep: bool = Field(default=False, description="even, MoE: expert parallel over each stage's DP group")
     max_pp: int = Field(default=4, ge=1, description="auto: deepest pipeline the planner considers")
 
     @model_validator(mode="after")

@@ -47,7 +47,8 @@ def make_plan(cfg: TrainConfig, topo, model_cfg, group):
     from strategies.plan import Plan
     p = cfg.plan
     if p.source == "even":
-        plan = Plan.even(topo, model_cfg, cfg.global_batch, p.num_microbatches, pp=p.pp, tp=p.tp, zero=p.zero)
+        plan = Plan.even(topo, model_cfg, cfg.global_batch, p.num_microbatches, pp=p.pp, tp=p.tp, zero=p.zero,
+                          ep=p.ep)
     elif p.source == "file":
         path = cfg.resolve(p.file)
         if not path.is_file():
@@ -60,6 +61,12 @@ def make_plan(cfg: TrainConfig, topo, model_cfg, group):
         dist.broadcast_object_list(box, src=0, group=group)
         plan = Plan.from_json(box[0])
     plan.check(topo, model_cfg)
+    if model_cfg.is_moe and plan.zero == 0 and any(st.dp > 1 and st.experts is None for st in plan.stages):
+        # seen here (torch 2.13, emulated 2+2): DDP over a MoE stage without EP timed out in its first
+        # gradient all_reduce; refuse it up front rather than hang for timeout_s
+        raise TrainConfigError("plan.ep", cfg.plan.ep,
+                               f"MoE model {model_cfg.name!r} ({model_cfg.experts} experts) with data parallel "
+                               f"and no expert placement is not supported; set plan.ep = true (or plan.source = auto)")
     if plan.global_batch != cfg.global_batch:
         raise TrainConfigError("global_batch", cfg.global_batch,
                                f"the plan runs {plan.num_microbatches} micro-batches x {plan.microbatch_size} "
