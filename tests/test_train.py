@@ -122,3 +122,12 @@ def test_train_lowers_loss_repeats_bitwise_and_resumes_bitwise(pool, tmp_path):
     assert [r["start"] for r in c2] == [STOP] * 4
     assert [r["losses"] for r in c2] == [r["losses"][STOP:] for r in a]
     assert [r["digest"] for r in c2] == [r["digest"] for r in a]
+
+
+def test_train_moe_with_expert_parallel_lowers_loss(pool, tmp_path):
+    moe = {"path": str(ROOT / "examples/models/tiny-moe.toml"), "overrides": {"vocab": 256, "seq": 32}}
+    out = _run(pool, _config(tmp_path / "moe", model=moe, plan={"source": "even", "ep": True},
+                             checkpoint={"enabled": False}))
+    val = out[0]["final_val_loss"]
+    assert val < math.log(256) - 1.0, f"MoE validation loss {val:.3f} not well below ln 256"
+    assert len({r["digest"] for r in out}) == 4  # each EP rank holds different experts
