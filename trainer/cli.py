@@ -79,9 +79,9 @@ def run(args: argparse.Namespace) -> int:
               f"HAL_EMULATE / HAL_CLUSTER)", file=sys.stderr)
         return 2
     env.setdefault("OMP_NUM_THREADS", "1")
-    from hal.cli_demo import _free_port
+    from hal.testing import free_port  # the one free-port helper (hal.testing exports it)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "-m", "trainer.loop",
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "trainer.loop",
            "--config", os.path.abspath(args.config)]
     for k in _OVERRIDES:
         v = getattr(args, k, None)
