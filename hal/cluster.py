@@ -39,7 +39,7 @@ from typing import Any, Iterable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
-from .errors import ClusterSpecError, UnknownChipError
+from .errors import ClusterSpecError, UnknownChipError, field_path, value_at
 
 MAX_NODES = 100_000
 MAX_RANKS_PER_NODE = 1024
@@ -261,14 +261,14 @@ def _check_consistency(spec: ClusterSpec, source: str, lines: dict, known_chips:
 def _problem(source: str, lines: dict, loc: tuple, value: Any, problem: str) -> ClusterSpecError:
     line = _line_of(lines, loc)
     where = f"{source}:{line}" if line else source
-    err = ClusterSpecError(f"{where}: {_field_path(loc)} = {value!r}: {problem}")
-    err.source, err.field, err.value, err.line = source, _field_path(loc), value, line
+    err = ClusterSpecError(f"{where}: {field_path(loc)} = {value!r}: {problem}")
+    err.source, err.field, err.value, err.line = source, field_path(loc), value, line
     return err
 
 
 def _pydantic_problem(source: str, lines: dict, data: dict, e: dict) -> ClusterSpecError:
     loc = tuple(e["loc"])
-    value = e.get("input", _value_at(data, loc))
+    value = e.get("input", value_at(data, loc))
     problem = e["msg"]
     if e["type"] == "missing":
         value, problem = None, "required field is missing"
@@ -286,22 +286,6 @@ def _pydantic_problem(source: str, lines: dict, data: dict, e: dict) -> ClusterS
 def _allowed(loc: tuple) -> str:
     model = SubCluster if "sub_clusters" in loc[:-1] else ClusterSpec
     return ", ".join(k for k in model.model_fields if k != "source")
-
-
-def _value_at(data: Any, loc: tuple) -> Any:
-    for part in loc:
-        try:
-            data = data[part]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return data
-
-
-def _field_path(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
 
 
 def _line_of(lines: dict, loc: tuple) -> Optional[int]:

@@ -57,3 +57,22 @@ class NotSupportedError(HalError, NotImplementedError):
 
 class ClusterSpecError(HalError, ValueError):
     """A cluster spec file is invalid; the message names field, value and (where known) line."""
+
+
+# ---- one definition of how a pydantic location is named in an error message ---------------------
+def field_path(loc) -> str:
+    """('stages', 1, 'layers') -> 'stages[1].layers' (used by the cluster spec, Plan and configs)."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def value_at(data, loc):
+    """The value at a pydantic location in the raw input, or None where there is none."""
+    for part in loc:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data

@@ -3,11 +3,11 @@ of a pydantic ValidationError into them: field path (e.g. `stages[1].replicas[0]
 the offending value in the message."""
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+from typing import Any
 
 from pydantic import ValidationError
 
-from hal.errors import HalError
+from hal.errors import HalError, field_path, value_at  # noqa: F401  (field_path re-exported)
 
 
 class FieldError(HalError, ValueError):
@@ -32,30 +32,13 @@ class ModelConfigError(FieldError):
     kind = "model config field"
 
 
-def field_path(loc: Sequence[Union[str, int]]) -> str:
-    """('stages', 1, 'layers') -> 'stages[1].layers'."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
-def _value_at(data: Any, loc: Sequence[Union[str, int]]) -> Any:
-    for part in loc:
-        try:
-            data = data[part]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return data
-
-
 def from_validation_error(exc: ValidationError, data: Any, cls: type[FieldError]) -> FieldError:
     """One `cls` error for a pydantic error: every problem listed, the first one's field and value kept."""
     problems = []
     for e in exc.errors():
         # drop validator-name entries pydantic puts into loc for wrapped validators
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        value = e.get("input", _value_at(data, loc))
+        value = e.get("input", value_at(data, loc))
         msg = e["msg"]
         inner = (e.get("ctx") or {}).get("error")
         if isinstance(inner, FieldError):
