@@ -201,8 +201,12 @@ class Testbed:
     def _sysctls(self, ns: str) -> None:
         # Several NICs on one L2 segment: answer ARP only on the NIC that owns the address and use it as
         # the source, else host NIC 0 would answer for NIC 1 and carry its traffic; no reverse-path drop.
+        # No IPv6 on the host's NICs: an IPv6 link-local address would let gloo (which takes an
+        # interface's first address) and the store pick IPv6 on some runs and IPv4 on others.
         cmds = ["echo 1 > /proc/sys/net/ipv4/conf/all/arp_ignore", "echo 2 > /proc/sys/net/ipv4/conf/all/arp_announce",
-                "echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter", "echo 0 > /proc/sys/net/ipv4/conf/default/rp_filter"]
+                "echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter", "echo 0 > /proc/sys/net/ipv4/conf/default/rp_filter",
+                "{ [ ! -d /proc/sys/net/ipv6 ] || { echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6 && "
+                "echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6; }; }"]
         _sh(["ip", "netns", "exec", ns, "sh", "-c", " && ".join(cmds)], f"sysctls of {ns}")
 
     def _start_host(self, h: int) -> None:

@@ -71,8 +71,13 @@ def sockets() -> list:
         if link.startswith("socket:["):
             inodes.add(link[8:-1])
     out = []
-    with open("/proc/self/net/tcp") as f:
-        for line in f.readlines()[1:]:
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):   # a dual-stack socket lists in tcp6
+        try:
+            with open(table) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
             parts = line.split()
             if parts[9] in inodes and parts[3] == "01":   # ESTABLISHED
                 out.append([_addr(parts[1]), _addr(parts[2])])
@@ -81,6 +86,10 @@ def sockets() -> list:
 
 def _addr(hexaddr: str) -> str:
     ip, port = hexaddr.split(":")
+    if len(ip) == 32:   # tcp6: an IPv4-mapped address (::ffff:a.b.c.d) keeps its IPv4 in the last word
+        ip = ip[24:] if ip[:24] == "0000000000000000FFFF0000" else ip
+        if len(ip) == 32:
+            return f"[{ip}]:{int(port, 16)}"
     b = bytes.fromhex(ip)[::-1]
     return f"{'.'.join(str(x) for x in b)}:{int(port, 16)}"
 
