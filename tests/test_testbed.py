@@ -42,7 +42,8 @@ MATRIX = [
 def healthy(bed):
     """The healthy-bed job, run once: identity, groups, sockets, the matrix, DDP, sockets again."""
     before = {h: bed.nic_bytes(h) for h in range(2)}
-    cases = [["identity"], ["tests._bridge_cases:setup", 60.0]]
+    # sockets right after the groups are made (alive for sure) and again at the end
+    cases = [["identity"], ["tests._bridge_cases:setup", 60.0], ["sockets"]]
     cases += [["tests._bridge_cases:matrix", c, d, o, s] for c, d, o, s in MATRIX]
     cases += [["tests._strategy_cases:train_ddp"], ["sockets"]]
     result, per_rank = run_cases(bed, cases, timeout_s=60.0, wall_s=WALL)
@@ -79,7 +80,7 @@ def test_rails_use_each_ranks_own_nic(bed, healthy):
     per_rank, before, after = healthy
     ids = {r: _value(per_rank, r, 0) for r in range(4)}
     assert [ids[r]["gloo_ifname"] for r in range(4)] == ["rail0", "rail1", "rail0", "rail1"]
-    socks = {r: per_rank[r][-1]["value"] for r in range(4)}
+    socks = {r: per_rank[r][2]["value"] + per_rank[r][-1]["value"] for r in range(4)}
     addr = {0: bed.spec.address(0, 0), 1: bed.spec.address(0, 1), 2: bed.spec.address(1, 0), 3: bed.spec.address(1, 1)}
     for a, b in ((0, 2), (1, 3)):   # the two rails: every socket between the members is NIC to NIC
         pairs = [(l, r) for l, r in socks[a] if r.split(":")[0] == addr[b]]
@@ -92,7 +93,7 @@ def test_rails_use_each_ranks_own_nic(bed, healthy):
             assert tx > 1_000_000 and rx > 1_000_000, (h, nic, tx, rx)
 
 
-@pytest.mark.parametrize("i,coll", [(2 + i, c[0]) for i, c in enumerate(MATRIX)])
+@pytest.mark.parametrize("i,coll", [(3 + i, c[0]) for i, c in enumerate(MATRIX)])
 def test_bridge_matrix_across_hosts(healthy, i, coll):
     per_rank, _, _ = healthy
     total = 0
@@ -107,7 +108,7 @@ def test_bridge_matrix_across_hosts(healthy, i, coll):
 def test_ddp_matches_single_process_across_hosts(healthy):
     per_rank, _, _ = healthy
     for r in range(4):
-        v = _value(per_rank, r, 2 + len(MATRIX))
+        v = _value(per_rank, r, 3 + len(MATRIX))
         worst = {n: d for n, d in v["param_diffs"].items() if d > 1e-5}
         assert not worst, f"rank {r}: parameters off the single-process run: {worst}"
         assert min(v["moved"].values()) >= 1e-4, "parameters that barely trained"
