@@ -1,5 +1,5 @@
 """hal: the heterogeneous-accelerator abstraction layer (contract, plugins, accelerator, ops)."""
-from .accelerator import Accelerator, accelerator, bind, bound, reset, select_chip
+from .selection import Accelerator, accelerator, bind, bound, reset, select_chip
 from .capabilities import CapabilityMatrix
 from .chips import ChipProfile, ChipSpec, Figure, unknown
 from .contract import CONTRACT_VERSION, PluginInfo

@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def collect(bind: bool = True) -> dict:
-    from .accelerator import accelerator
+    from .selection import accelerator
     from .plugin_manager import get_plugin_manager
     pm = get_plugin_manager()
     chips = []

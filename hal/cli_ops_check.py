@@ -77,7 +77,7 @@ def check_chip(chip: str, emulated: bool, dtypes: Sequence[str], ops: Sequence[s
     import torch
 
     from . import ops as hal_ops
-    from .accelerator import bind
+    from .selection import bind
     from .ops import golden
 
     acc = bind(chip, emulated=emulated)
@@ -98,7 +98,7 @@ def check_chip(chip: str, emulated: bool, dtypes: Sequence[str], ops: Sequence[s
 def run_checks(chips: Optional[Iterable[str]] = None, dtypes: Sequence[str] = DEFAULT_DTYPES,
                ops: Sequence[str] = OP_NAMES) -> list[ChipReport]:
     """`cpu` natively (if asked for) and every other chip emulated. Resets the binding afterwards."""
-    from .accelerator import reset
+    from .selection import reset
     from .errors import UnknownOpError
     from .plugin_manager import get_plugin_manager
 

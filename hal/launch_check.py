@@ -7,7 +7,7 @@ the cluster spec, output paths (their folder created, or refused, up front) and 
 `--nproc`, the emulation map or the cluster spec). Every problem is a `LaunchError` naming the flag or
 variable and its value; `fail()` prints it as one line on stderr and the command exits 2, so no worker
 ever starts on bad input. Each rank's chip is resolved with the ranks' own rule
-(`hal.accelerator.select_chip`), so the launcher and the ranks cannot disagree.
+(`hal.selection.select_chip`), so the launcher and the ranks cannot disagree.
 
 At run time: a rank that raises writes one marked line (`report_rank_failure`: time, rank, chip,
 exception type and message) to stderr before its traceback; `run_ranks` sends the ranks' stderr to a
@@ -172,8 +172,8 @@ def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
 
 
 def _check_each_rank(pm, env: dict, world: int) -> list[tuple[str, bool]]:
-    """Resolve every rank's chip exactly as the rank will (hal.accelerator.select_chip)."""
-    from .accelerator import select_chip
+    """Resolve every rank's chip exactly as the rank will (hal.selection.select_chip)."""
+    from .selection import select_chip
     chips = []
     for rank in range(world):
         renv = {**env, "RANK": str(rank), "WORLD_SIZE": str(world)}

@@ -201,7 +201,7 @@ def test_launcher_without_a_python_error_says_so(capsys):
 
 # ---- flags do what their help says ----------------------------------------------------------------
 def test_info_exits_2_when_no_accelerator_can_be_selected(monkeypatch, capsys):
-    from hal.accelerator import reset
+    from hal.selection import reset
     monkeypatch.setenv("HAL_EMULATE", "foo")
     try:
         assert main(["info"]) == 2

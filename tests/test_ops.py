@@ -21,7 +21,7 @@ from hal.ops import OP_NAMES, golden, reference
 from hal.ops.tolerances import DTYPES as TOL_DTYPES
 from hal.ops.tolerances import RULES, UNIT_ROUNDOFF, tolerance
 
-_acc_module = importlib.import_module("hal.accelerator")  # `hal.accelerator` is the function
+_acc_module = importlib.import_module("hal.selection")  # `hal.accelerator` is the function
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 

@@ -28,7 +28,7 @@ from hal_cuda import kernels
 from .stand_ins import _stand_in_nccl as fake_nccl
 from .stand_ins._stand_in_cuda import CudaState, patch_torch_cuda
 
-_acc_module = importlib.import_module("hal.accelerator")
+_acc_module = importlib.import_module("hal.selection")
 HAS_GPU = torch.cuda.is_available()
 
 

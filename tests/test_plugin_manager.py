@@ -356,7 +356,7 @@ def restore_binding():
     hal.reset()
     if prev is not None:
         import importlib
-        importlib.import_module("hal.accelerator")._BOUND = prev
+        importlib.import_module("hal.selection")._BOUND = prev
         hal.ops.bind(prev.kernels)
 
 

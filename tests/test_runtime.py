@@ -20,7 +20,7 @@ import hal
 from hal import runtime
 from hal.runtime import CpuEvent, CpuRuntime, CpuStream, EmulatedRuntime, TorchDeviceRuntime
 
-_acc_module = importlib.import_module("hal.accelerator")
+_acc_module = importlib.import_module("hal.selection")
 MiB = 1 << 20
 
 

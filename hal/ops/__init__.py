@@ -20,7 +20,7 @@ _bound: dict[str, OpKernel] = {}
 
 def _binding_stub(op: str) -> Callable:
     def stub(*args, **kwargs):
-        from ..accelerator import accelerator
+        from ..selection import accelerator
         accelerator()  # binds the table through bind()
         return globals()["_" + op](*args, **kwargs)
     stub.__name__ = f"bind_then_{op}"

@@ -1,4 +1,4 @@
-"""`hal.accelerator()`: the per-process handle for this rank's chip, resolved and bound once.
+"""`hal.selection`: chip selection and the bound per-process accelerator (`hal.accelerator()`), resolved and bound once.
 
 Chip selection, first match wins:
 1. the explicit `chip=` argument, else `HAL_CHIP` (native; `HAL_CHIP=ascend HAL_EMULATE=ascend` to emulate);
