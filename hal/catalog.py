@@ -1,4 +1,4 @@
-"""The chip catalog: validated, sourced `ChipProfile`s of the chip models users have (data in catalog/*.toml).
+"""The chip catalog: validated, sourced `ChipProfile`s of the chip models users have (data in hal/data/catalog/*.toml).
 
 One TOML file per chip name (`cuda`, `ascend`, `kunlun`); each model entry becomes a `ChipProfile`
 whose every figure carries its public source, or is `unknown` with a note (never guessed). The
@@ -151,10 +151,10 @@ def _chip(chip: str) -> _ChipCatalog:
 @lru_cache(maxsize=None)
 def _all() -> dict[str, _ChipCatalog]:
     out: dict[str, _ChipCatalog] = {}
-    folder = resources.files("hal").joinpath("catalog")
+    folder = resources.files("hal").joinpath("data", "catalog")
     for item in sorted(folder.iterdir(), key=lambda p: p.name):
         if item.name.endswith(".toml"):
-            cat = load_catalog_text(item.read_text(encoding="utf-8"), f"hal/catalog/{item.name}")
+            cat = load_catalog_text(item.read_text(encoding="utf-8"), f"hal/data/catalog/{item.name}")
             if cat.chip in out:
                 raise CatalogError(f"{cat.file}: chip {cat.chip!r} is already catalogued in {out[cat.chip].file}")
             out[cat.chip] = cat
