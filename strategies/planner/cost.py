@@ -33,8 +33,10 @@ class ModelFacts:
     Parameters, FLOPs and activation bytes come from `strategies.models.ModelConfig` (one
     definition); activations with `attention="fused"`: torch's SDPA on CUDA/NPU keeps no scores."""
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, dtype_bytes: int = BF16) -> None:
         self.cfg = cfg
+        # bytes per activation element (2: bf16 training; 4: an fp32 run, e.g. emulated on a CPU)
+        self.dtype_bytes = dtype_bytes
         self.name, self.layers, self.hidden, self.heads = cfg.name, cfg.layers, cfg.hidden, cfg.heads
         self.ffn, self.vocab, self.seq = cfg.ffn, cfg.vocab, cfg.seq
         self.experts = cfg.experts
@@ -65,12 +67,13 @@ class ModelFacts:
         """Activation bytes one layer keeps for backward per sample (fused attention: no scores)."""
         key = (tp, recompute)
         if key not in self._act:
-            self._act[key] = self.cfg.activation_bytes(1, tp, "full" if recompute else "none", attention="fused")
+            self._act[key] = self.cfg.activation_bytes(1, tp, "full" if recompute else "none", attention="fused") \
+                * self.dtype_bytes / BF16    # ModelConfig counts 16-bit activations
         return self._act[key]
 
     def boundary_bytes(self) -> float:
-        """Bytes of one sample's activation crossing a pipeline boundary (bf16 b s h)."""
-        return BF16 * self.seq * self.hidden
+        """Bytes of one sample's activation crossing a pipeline boundary (b s h elements)."""
+        return self.dtype_bytes * self.seq * self.hidden
 
 
 @dataclass
@@ -86,13 +89,14 @@ class ReplicaCost:
     optimizer: float        # seconds for the optimizer step
 
 
-def allreduce_time(nbytes: float, n: int, bw: float) -> float:
-    return 0.0 if n <= 1 else 2 * (n - 1) / n * nbytes / bw
+def allreduce_time(nbytes: float, n: int, bw: float, lat: float = 0.0) -> float:
+    """Ring all-reduce: 2(n-1) steps, each one message (latency `lat`) of nbytes/n."""
+    return 0.0 if n <= 1 else 2 * (n - 1) * lat + 2 * (n - 1) / n * nbytes / bw
 
 
-def gather_time(nbytes: float, n: int, bw: float) -> float:
-    """all_gather or reduce_scatter of an n-way sharded buffer of nbytes total."""
-    return 0.0 if n <= 1 else (n - 1) / n * nbytes / bw
+def gather_time(nbytes: float, n: int, bw: float, lat: float = 0.0) -> float:
+    """all_gather or reduce_scatter of an n-way sharded buffer of nbytes total (ring: n-1 steps)."""
+    return 0.0 if n <= 1 else (n - 1) * lat + (n - 1) / n * nbytes / bw
 
 
 def group_bw(facts: ChipFacts, members: Sequence[int], rank_node) -> float:
@@ -109,21 +113,22 @@ def dp_reduce_time(nbytes: float, parts: Sequence[tuple[ChipFacts, int, float]])
     all-gather); the smallest part carries the largest share per rank."""
     if len(parts) == 1:
         f, n, bw = parts[0]
-        return allreduce_time(nbytes, n, bw)
+        return allreduce_time(nbytes, n, bw, f.link_latency)
     k = len(parts)
-    intra = max(2 * gather_time(nbytes, n, bw) for _, n, bw in parts)
+    intra = max(2 * gather_time(nbytes, n, bw, f.link_latency) for f, n, bw in parts)
     share = max(nbytes / n for _, n, _ in parts)
     copies = max(2 * share / f.host_copy_bw for f, _, _ in parts)
     rail_bw = min(f.nic_bw for f, _, _ in parts)
-    cross = 2 * (k - 1) / k * share / rail_bw
+    cross = allreduce_time(share, k, rail_bw, max(f.link_latency for f, _, _ in parts))
     return intra + copies + cross
 
 
 def p2p_time(nbytes: float, src: ChipFacts, dst: ChipFacts, same_node: bool) -> float:
     """Pipeline send of nbytes; across chips the bridge stages through host memory on both sides."""
+    lat = max(src.link_latency, dst.link_latency)
     if src is dst or src.name == dst.name:
-        return nbytes / (src.intra_bw if same_node else src.nic_bw)
-    return nbytes / src.host_copy_bw + nbytes / min(src.nic_bw, dst.nic_bw) + nbytes / dst.host_copy_bw
+        return lat + nbytes / (src.intra_bw if same_node else src.nic_bw)
+    return lat + nbytes / src.host_copy_bw + nbytes / min(src.nic_bw, dst.nic_bw) + nbytes / dst.host_copy_bw
 
 
 _CACHE: dict = {}
@@ -165,13 +170,13 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     elementwise = ELEMENTWISE_PASSES * act / f.memory_bw
     tp_comm = 0.0
     if tp > 1:
-        tp_comm = n_layers * 4 * allreduce_time(BF16 * m.seq * m.hidden * mb, tp, tp_bw)
+        tp_comm = n_layers * 4 * allreduce_time(m.dtype_bytes * m.seq * m.hidden * mb, tp, tp_bw, f.link_latency)
     ep_comm = 0.0
     if m.experts and ep is not None and ep[0] > 1:
         e, bw = ep
         tokens = m.seq * mb
         # dispatch + combine forward and the same backward: 4 all_to_all of tokens x top_k x h bf16
-        ep_comm = n_layers * 4 * (e - 1) / e * tokens * m.top_k * m.hidden * BF16 / tp / bw
+        ep_comm = n_layers * 4 * (e - 1) / e * tokens * m.top_k * m.hidden * m.dtype_bytes / tp / bw
     fwd = compute_fwd + elementwise + (tp_comm + ep_comm) / 2
     bwd = 2 * compute_fwd + 2 * elementwise + (tp_comm + ep_comm) / 2
     if recompute:
@@ -186,7 +191,7 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     act_keep = m.act_bytes(tp, recompute) * mb * n_layers * in_flight
     act_work = m.act_bytes(tp, False) * mb * (1 if recompute else 0)   # one layer recomputed at a time
     logits = (4 * m.seq * m.vocab * mb / tp) if last else 0.0
-    zero3_gather = (BF16 * layer_p / tp * 2) if zero == 3 else 0.0       # two layers gathered ahead
+    zero3_gather = (m.dtype_bytes * layer_p / tp * 2) if zero == 3 else 0.0       # two layers gathered ahead
     memory = state + act_keep + act_work + logits + zero3_gather + BRIDGE_STAGING
     shard = dp if zero >= 1 else 1
     optimizer = params / shard * ADAM_TRAFFIC / f.memory_bw

@@ -60,6 +60,9 @@ class ChipFacts:
     nic_bw: float             # achieved bytes/s per rank across nodes (rails, DP across nodes)
     host_copy_bw: float       # bytes/s device<->host (bridge staging)
     sources: dict[str, str] = field(default_factory=dict)
+    # seconds per message on a link (the alpha of alpha-beta costs): 0 for catalog/spec links (large
+    # messages, where bandwidth dominates); measured on the host for timed emulation's CPU fabric
+    link_latency: float = 0.0
 
     @property
     def size(self) -> int:
@@ -176,3 +179,34 @@ def chip_facts(sc, matrices: Optional[dict[str, dict]] = None, dtype: str = "bfl
                      ranks_per_node=len(sc.nodes[0]) if sc.nodes else len(sc.ranks),
                      flops=flops, peak=peak or flops, memory=memory, memory_bw=mem_bw, intra_bw=intra, nic_bw=nic,
                      host_copy_bw=DEFAULT_HOST_COPY_BW[0], sources=src)
+
+
+def emulated_chip_facts(topo, scale: float, link_bw: float, link_latency: float, dtype: str = "float32",
+                        link_source: str = "measured on this host") -> list[ChipFacts]:
+    """Figures of timed-emulated chips (`HAL_EMULATE_TIMED=1`, hal.timed): compute and memory speed
+    are what the virtual clock charges (`hal.timed.chip_speeds(chip, dtype, scale)`), not the real
+    chip's; every link is the host's CPU fabric (the real one, not emulated), given as `link_bw`
+    bytes/s and `link_latency` s per message, measured by the caller (e.g. a send/recv probe:
+    benchmarks/planner_prediction.py). The bridge's host staging is a copy on the host: priced on
+    the same link figures. Memory capacity is the catalog's (nothing here is short of memory)."""
+    from hal import timed
+    if scale <= 0:
+        raise ValueError(f"emulated_chip_facts: scale = {scale}; must be > 0")
+    if link_bw <= 0 or link_latency < 0:
+        raise ValueError(f"emulated_chip_facts: link_bw = {link_bw} must be > 0 and link_latency = "
+                         f"{link_latency} >= 0")
+    out = []
+    for sc in topo.sub_clusters:
+        flops, bps, why = timed.chip_speeds(sc.chip, dtype, scale)
+        prof = _catalog_profile(sc.chip, sc.model)
+        mem = prof.memory_bytes.value if prof is not None and prof.memory_bytes.value else DEFAULT_MEMORY[0]
+        link = f"{link_source}: CPU fabric (timed emulation does not emulate links)"
+        src = {"flops": f"timed emulation: {why}", "memory_bw": f"timed emulation: {why}",
+               "memory": f"catalog {prof.model}" if prof is not None and prof.memory_bytes.value else DEFAULT_MEMORY[1],
+               "intra_bw": link, "nic_bw": link, "host_copy_bw": link,
+               "link_latency": f"{link_source}: {link_latency * 1e6:.0f} us per message"}
+        out.append(ChipFacts(name=sc.name, chip=sc.chip, model=str(sc.model or (prof.model if prof else sc.chip)),
+                             ranks=tuple(sc.ranks), ranks_per_node=len(sc.nodes[0]) if sc.nodes else len(sc.ranks),
+                             flops=flops, peak=flops, memory=mem, memory_bw=bps, intra_bw=link_bw, nic_bw=link_bw,
+                             host_copy_bw=float("inf"), sources=src, link_latency=link_latency))
+    return out

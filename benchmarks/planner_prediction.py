@@ -1,0 +1,311 @@
+"""Prediction error of the planner's step simulator against measured steps on emulated clusters.
+
+    python benchmarks/planner_prediction.py [--scale S] [--warmup 2] [--repeats 5] [--only NAME ...]
+                                            [--untimed] [--json out.json]
+
+For each layout (chip map x Plan, below) the layout is run for real: a WorkerPool of one process per
+rank (torchrun's variables, the `hetero` backend, HAL_EMULATE = the chip map, every chip EMULATED
+on this host's CPU), `strategies.apply.apply_plan` builds the run and each step is what
+trainer/loop.py runs (`run.step` + AdamW). The measured step time is, per step, the longest rank's
+time from a common barrier to the end of its optimizer step; the figure is the median over
+`--repeats` steps after `--warmup`. With timed emulation on (`HAL_EMULATE_TIMED=1`, hal.timed, the
+default here) an emulated chip's compute takes the time its speed says on a virtual clock, slept up
+to at synchronisation points, so the steps keep the emulated chips' speed ratios whatever else the
+host runs; communication is the host's real CPU fabric (not emulated).
+
+The prediction is `strategies.planner.simulate` on the same Plan with chip figures that describe the
+EMULATED chips (`strategies.planner.facts.emulated_chip_facts`: the timed emulation's FLOP/s and
+bytes/s at this time scale, `hal.timed.chip_speeds`), not the real chips, and link figures measured
+on this host by a send/recv ping-pong probe over the same backend before the layouts run
+(alpha + bytes / beta, least squares). It prints each (predicted, measured) pair, the mean absolute
+percentage error and Spearman's rank correlation between the predicted and the measured order.
+
+`--untimed` runs without timed emulation (plain CPU speed): the measured figures are then this
+host's, and the comparison is meaningless; it exists to check the harness.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+# a small GPT: big enough that a layer is many ops, small enough that the host's real compute stays
+# far below the emulated chips' virtual time (what makes timed emulation load-independent)
+MODEL = dict(name="pred", layers=4, hidden=64, heads=4, ffn=128, vocab=256, seq=32)
+GLOBAL_BATCH = 16
+TIMEOUT_S = 120.0
+DTYPE = "float32"      # build_model's parameters and activations
+
+
+# ---- on every rank (WorkerPool) -------------------------------------------------------------------
+_book = None
+
+
+def w_init(timeout_s: float = TIMEOUT_S) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    import ccl_bridge  # noqa: F401 - registers the `hetero` backend
+    import hal
+    global _book
+    torch.set_num_threads(1)
+    if not dist.is_initialized():
+        dist.init_process_group("hetero", timeout=timedelta(seconds=timeout_s))
+        _book = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    acc = hal.accelerator()
+    return {"rank": dist.get_rank(), "chip": acc.chip.name, "emulated": bool(acc.emulated)}
+
+
+def _flush() -> None:
+    """Let the emulated chip finish what it was charged (timed emulation sleeps up to its clock)."""
+    import hal
+    hal.accelerator().synchronize()
+
+
+def w_probe(sizes: list, reps: int) -> list:
+    """Ping-pong between rank 0 and the last rank (different chips) over the world (hetero) group:
+    the one-way seconds per size (median of `reps`). Other ranks wait."""
+    import torch
+    import torch.distributed as dist
+    rank, world = dist.get_rank(), dist.get_world_size()
+    peer = world - 1
+    out = []
+    for n in sizes:
+        buf = torch.zeros(max(1, n // 4))
+        times = []
+        for _ in range(reps + 1):
+            dist.barrier(group=_book)
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, peer)
+                dist.recv(buf, peer)
+            elif rank == peer:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            times.append((time.perf_counter() - t0) / 2)
+        out.append(statistics.median(times[1:]))
+    return out
+
+
+def w_measure(plan_json: str, model: dict, warmup: int, repeats: int) -> dict:
+    """Run the plan `warmup + repeats` steps; per step this rank's seconds from a common barrier to
+    the end of its optimizer step, and timed-emulation clock statistics when on."""
+    import torch
+    import torch.distributed as dist
+
+    from hal.topology import Topology
+    from strategies.apply import apply_plan
+    from strategies.models import ModelConfig, build_model
+    from strategies.plan import Plan
+    plan = Plan.from_json(plan_json)
+    cfg = ModelConfig(**model)
+    topo = Topology.from_env(world_size=dist.get_world_size())
+    net = build_model(cfg, 0)
+    run = apply_plan(net, plan, topo, model_cfg=cfg, timeout=timedelta(seconds=TIMEOUT_S))
+    params = run.parameters()
+    opt = torch.optim.AdamW(params, lr=1e-4, foreach=False) if params else None
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, cfg.vocab, (plan.global_batch, cfg.seq + 1), generator=g)
+    x, y = data[:, :-1], data[:, 1:]
+    times = []
+    for _ in range(warmup + repeats):
+        _flush()
+        dist.barrier(group=_book)
+        t0 = time.perf_counter()
+        run.step(x, y)
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        _flush()
+        times.append(time.perf_counter() - t0)
+    stats = None
+    try:
+        from hal import timed
+        clock = timed.active_clock()
+        stats = clock.stats() if clock is not None else None
+    except ImportError:
+        pass
+    del run, opt
+    return {"times": times, "clock": stats}
+
+
+# ---- layouts ----------------------------------------------------------------------------------------
+def _manual(stages, m: int, zero: int = 0) -> str:
+    """Plan JSON: stages = [((first, end layer), [(ranks, rows), ...]), ...]."""
+    return json.dumps({"version": 1, "model": MODEL["name"], "num_microbatches": m, "schedule": "1F1B",
+                       "zero": zero, "stages": [{"layers": list(layers), "recompute": "none",
+                                                 "replicas": [{"ranks": list(r), "microbatch": mb} for r, mb in reps]}
+                                                for layers, reps in stages]})
+
+
+def layouts(speeds: dict) -> list[tuple[str, str, str]]:
+    """(name, HAL_EMULATE map, Plan JSON). `speeds`: chip -> emulated FLOP/s (for Plan.weighted)."""
+    from hal.topology import Topology
+    from strategies.models import ModelConfig
+    from strategies.plan import Plan
+    cfg = ModelConfig(**MODEL)
+    G = GLOBAL_BATCH
+    out = []
+
+    def topo(emap):
+        chips = [c for item in emap.split(",") for c, n in [item.split(":")] for _ in range(int(n))]
+        return Topology.from_chips(chips)
+
+    def add(name, emap, plan):
+        out.append((name, emap, plan if isinstance(plan, str) else plan.to_json()))
+
+    t = topo(e := "cuda:2,ascend:2")
+    add("2+2 DP4 even rows m2", e, Plan.even(t, cfg, G, 2))
+    add("2+2 DP4 rows by speed m2", e, Plan.weighted(t, cfg, G, speeds, num_microbatches=2))
+    add("2+2 PP2xDP2 even m4", e, Plan.even(t, cfg, G, 4, pp=2))
+    add("2+2 PP2xDP2 layers by speed m4", e, Plan.weighted(t, cfg, G, speeds, num_microbatches=4, pp=2))
+    add("2+2 TP2 cuda | DP2 ascend m4", e, _manual([((0, 2), [((0, 1), 4)]), ((2, 4), [((2,), 2), ((3,), 2)])], 4))
+    t = topo(e := "cuda:3,ascend:1")
+    add("3+1 DP4 rows by speed m2", e, Plan.weighted(t, cfg, G, speeds, num_microbatches=2))
+    add("3+1 PP2 by speed m4", e, Plan.weighted(t, cfg, G, speeds, num_microbatches=4, pp=2))
+    add("3+1 PP2 by speed m8", e, Plan.weighted(t, cfg, G, speeds, num_microbatches=8, pp=2))
+    t = topo(e := "cuda:2,ascend:1,kunlun:1")
+    add("2+1+1 DP4 rows by speed m2", e, Plan.weighted(t, cfg, G, speeds, num_microbatches=2))
+    add("2+1+1 PP2xDP2 by speed m4", e, Plan.weighted(t, cfg, G, speeds, num_microbatches=4, pp=2))
+    add("2+1+1 PP4 even m4", e, Plan.even(t, cfg, G, 4, pp=4))
+    return out
+
+
+# ---- the comparison ----------------------------------------------------------------------------------
+def fit_link(sizes: list, seconds: list) -> tuple[float, float]:
+    """(latency s, bandwidth B/s) of t = latency + bytes / bandwidth, least squares."""
+    n = len(sizes)
+    mx, my = sum(sizes) / n, sum(seconds) / n
+    sxx = sum((x - mx) ** 2 for x in sizes)
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sxx
+    lat = max(0.0, my - slope * mx)
+    return lat, 1.0 / max(slope, 1e-15)
+
+
+def spearman(a: list, b: list) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(v):
+            j = i
+            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va = sum((x - ma) ** 2 for x in ra) ** 0.5
+    vb = sum((y - mb) ** 2 for y in rb) ** 0.5
+    return cov / (va * vb) if va and vb else 0.0
+
+
+def predict(plan_json: str, emap: str, scale: float, link: tuple[float, float], timed_on: bool):
+    from hal.topology import Topology
+    from strategies.models import ModelConfig
+    from strategies.plan import Plan
+    from strategies.planner.convert import from_plan
+    from strategies.planner.cost import ModelFacts
+    from strategies.planner.facts import emulated_chip_facts
+    from strategies.planner.simulate import simulate
+    chips = [c for item in emap.split(",") for c, n in [item.split(":")] for _ in range(int(n))]
+    topo = Topology.from_chips(chips)
+    lat, bw = link
+    if timed_on:
+        facts = emulated_chip_facts(topo, scale, bw, lat, DTYPE)
+    else:   # harness check: catalog figures of the real chips (nothing to compare with)
+        from strategies.planner.facts import chip_facts
+        facts = [chip_facts(sc) for sc in topo.sub_clusters]
+    plan = Plan.from_json(plan_json)
+    cfg = ModelConfig(**MODEL)
+    plan.check(topo, cfg)
+    lay = from_plan(plan, facts, {r: topo.node_of(r) for r in range(topo.world_size)})
+    return simulate(lay, ModelFacts(cfg, dtype_bytes=4)), facts
+
+
+def main(argv=None) -> int:
+    from hal.testing import WorkerPool
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", type=float, default=None, help="HAL_EMULATE_TIME_SCALE (default: hal.timed's)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--only", nargs="*", default=None, help="layout names containing any of these")
+    p.add_argument("--untimed", action="store_true", help="no timed emulation (checks the harness only)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    timed_on = not args.untimed
+    scale = args.scale
+    if timed_on:
+        from hal import timed
+        if scale is None:
+            scale = timed.DEFAULT_TIME_SCALE
+    speeds = {}
+    if timed_on:
+        from hal import timed
+        for chip in ("cuda", "ascend", "kunlun"):
+            speeds[chip] = timed.chip_speeds(chip, DTYPE, scale)[0]
+    else:
+        speeds = {"cuda": 2.0, "ascend": 1.0, "kunlun": 1.0}
+    todo = layouts(speeds)
+    if args.only:
+        todo = [x for x in todo if any(o in x[0] for o in args.only)]
+    by_map: dict[str, list] = {}
+    for name, emap, pj in todo:
+        by_map.setdefault(emap, []).append((name, pj))
+    print(f"model {MODEL} fp32, global batch {GLOBAL_BATCH}; timed emulation "
+          f"{'ON, scale ' + str(scale) if timed_on else 'OFF (harness check only)'}; "
+          f"every chip EMULATED on this host's CPU; links are the host's CPU fabric")
+    rows, link = [], None
+    t_all = time.perf_counter()
+    for emap, items in by_map.items():
+        world = sum(int(x.split(":")[1]) for x in emap.split(","))
+        env = {"HAL_EMULATE": emap, "OMP_NUM_THREADS": "1"}
+        if timed_on:
+            env.update({"HAL_EMULATE_TIMED": "1", "HAL_EMULATE_TIME_SCALE": repr(scale)})
+        with WorkerPool(world, env=env) as pool:
+            info = pool.run(w_init, timeout=180)
+            assert all(i["emulated"] for i in info), info
+            if link is None:   # the CPU fabric is the same for every map: probe once
+                sizes = [4096, 65536, 262144, 1048576]
+                secs = pool.run(w_probe, sizes, 7, timeout=180)[0]
+                link = fit_link(sizes, secs)
+                print(f"link probe (send/recv ping-pong over `hetero`, rank 0 <-> {world - 1}): "
+                      + ", ".join(f"{s // 1024} KiB {t * 1e6:.0f} us" for s, t in zip(sizes, secs))
+                      + f" -> latency {link[0] * 1e6:.0f} us, bandwidth {link[1] / 1e9:.2f} GB/s")
+            for name, pj in items:
+                res = pool.run(w_measure, pj, MODEL, args.warmup, args.repeats, timeout=600)
+                per_step = [max(r["times"][i] for r in res) for i in range(args.warmup + args.repeats)]
+                meas = statistics.median(per_step[args.warmup:])
+                sim, facts = predict(pj, emap, scale or 1.0, link, timed_on)
+                spread = (max(per_step[args.warmup:]) - min(per_step[args.warmup:])) / meas
+                rows.append({"layout": name, "map": emap, "predicted_s": sim.step_time_s, "measured_s": meas,
+                             "steps_s": per_step, "spread": spread, "clock": res[0].get("clock")})
+                print(f"  {name:<34} predicted {sim.step_time_s * 1e3:8.1f} ms  measured {meas * 1e3:8.1f} ms  "
+                      f"error {(sim.step_time_s - meas) / meas * 100:+6.1f}%  (steps spread {spread * 100:.1f}%)",
+                      flush=True)
+    pred = [r["predicted_s"] for r in rows]
+    meas = [r["measured_s"] for r in rows]
+    mape = sum(abs(a - b) / b for a, b in zip(pred, meas)) / len(rows) * 100
+    rho = spearman(pred, meas)
+    print(f"\n{len(rows)} layouts: MAPE {mape:.2f}%, Spearman rank correlation {rho:.3f} "
+          f"(predicted order {'==' if sorted(range(len(rows)), key=pred.__getitem__) == sorted(range(len(rows)), key=meas.__getitem__) else '!='} measured order); "
+          f"{time.perf_counter() - t_all:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "mape_pct": mape, "spearman": rho, "link": link,
+                                               "scale": scale, "timed": timed_on, "model": MODEL}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
