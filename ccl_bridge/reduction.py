@@ -13,14 +13,12 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from hal.capabilities import dtype_name
+from hal.capabilities import REDUCE_OPS, TORCH_REDUCE_OPS, dtype_name
 from hal.errors import NotSupportedError
 
-_OPS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "product", "MIN": "min", "MAX": "max", "BAND": "band",
-        "BOR": "bor", "BXOR": "bxor", "PREMUL_SUM": "premul_sum"}
-TORCH_OP = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
-            "max": dist.ReduceOp.MAX, "band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR,
-            "bxor": dist.ReduceOp.BXOR}
+_OPS = {name.upper(): name for name in REDUCE_OPS}  # torch's RedOpType name -> hal's reduce-op name
+# what inner groups are ever asked for: hal's table less AVG (done as SUM, then a divide)
+TORCH_OP = {name: op for name, op in TORCH_REDUCE_OPS.items() if name != "avg"}
 INNER_OPS = tuple(TORCH_OP)  # what inner groups are ever asked for
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 import torch
+import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import NotSupportedError
@@ -18,6 +19,9 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16",
           "bool", "float8_e4m3fn", "float8_e5m2")
 
 _TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
+# reduce-op name -> torch's ReduceOp: the one name table (bridge, conformance, capability measurement,
+# tests). premul_sum is not here: it needs a factor (dist._make_nccl_premul_sum(factor)).
+TORCH_REDUCE_OPS = {name: getattr(dist.ReduceOp, name.upper()) for name in REDUCE_OPS if name != "premul_sum"}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -26,7 +30,18 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def torch_dtype(name: str) -> torch.dtype:
+    """torch.float32 for 'float32'; any name in DTYPES (the one dtype name table)."""
+    if name not in _TORCH_DTYPES:
+        raise NotSupportedError(f"dtype {name!r} is not one of the matrix's dtypes {list(DTYPES)}")
     return _TORCH_DTYPES[name]
+
+
+def torch_reduce_op(name: str) -> "dist.ReduceOp":
+    """dist.ReduceOp.SUM for 'sum'; any name in REDUCE_OPS but premul_sum (which needs a factor)."""
+    if name not in TORCH_REDUCE_OPS:
+        raise NotSupportedError(f"reduce op {name!r}: expected one of {list(TORCH_REDUCE_OPS)} (premul_sum "
+                                f"needs a factor: dist._make_nccl_premul_sum)")
+    return TORCH_REDUCE_OPS[name]
 
 
 def reduce_op_name(op) -> str:

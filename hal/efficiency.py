@@ -14,6 +14,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .errors import HalError
+
 SCHEMA_VERSION = "1.0"
 
 
@@ -119,10 +121,28 @@ def load_efficiency_matrix(path: str | Path) -> EfficiencyMatrix:
     return EfficiencyMatrix.model_validate(json.loads(Path(path).read_text()))
 
 
+# nccl-tests' bus bandwidth factors (doc/PERFORMANCE.md): busbw = algbw x factor(n) on n ranks, so a
+# figure compares directly with a link's bandwidth whatever the collective. The one definition in the
+# project: the conformance perf level, `hal bench comm` and benchmarks/ all read it.
 BUSBW_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
     "all_to_all": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send_recv": lambda n: 1.0,
 }
+
+
+class UnknownCollectiveError(HalError, ValueError):
+    """A bus-bandwidth factor asked for a collective nccl-tests defines none for."""
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw for collective `op` on `n` ranks (n >= 1)."""
+    if op not in BUSBW_FACTOR:
+        raise UnknownCollectiveError(f"busbw_factor: unknown op {op!r}; expected one of {sorted(BUSBW_FACTOR)}")
+    if n < 1:
+        raise UnknownCollectiveError(f"busbw_factor({op!r}, n={n}): n is the group size, at least 1")
+    return BUSBW_FACTOR[op](n)

@@ -17,17 +17,16 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from hal.capabilities import DTYPES, TORCH_REDUCE_OPS, torch_dtype
+
 G: dict = {}
 # torch 2.13 renamed the tensor variants (the old names warn); accept either.
 _RS = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _AG = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-DT = {n: getattr(torch, n) for n in ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16",
-                                     "int32", "int64", "bool")}
-OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
-       "product": dist.ReduceOp.PRODUCT, "band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR,
-       "bxor": dist.ReduceOp.BXOR}
+DT = {n: torch_dtype(n) for n in DTYPES if not n.startswith("float8")}  # hal's name table, float8 aside
+OPS = TORCH_REDUCE_OPS  # hal's reduce-op name table
 
 
 # ---- setup --------------------------------------------------------------------------------------

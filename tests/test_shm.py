@@ -27,15 +27,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from hal.capabilities import DTYPES, TORCH_REDUCE_OPS, torch_dtype
 from hal.testing import WorkerPool
 
-DT = {n: getattr(torch, n) for n in ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16",
-                                     "int32", "int64", "bool")}
+DT = {n: torch_dtype(n) for n in DTYPES if not n.startswith("float8")}  # hal's name table, float8 aside
 FLOATS = ("float32", "float16", "bfloat16", "float64")
 INTS = ("int8", "uint8", "int16", "int32", "int64")
-OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
-       "product": dist.ReduceOp.PRODUCT, "band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR,
-       "bxor": dist.ReduceOp.BXOR}
+OPS = TORCH_REDUCE_OPS  # hal's reduce-op name table
 # |shm - gloo| <= rtol * n * sum_r |x_r| (+ the same bound on the float64 reference): a few roundings.
 FLOAT_RTOL = {"float32": 2.0 ** -22, "float64": 2.0 ** -51, "float16": 2.0 ** -9, "bfloat16": 2.0 ** -7}
 SLOT_BYTES = 256 << 10

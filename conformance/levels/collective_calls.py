@@ -16,11 +16,11 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from hal.capabilities import TORCH_REDUCE_OPS
+
 from .collective_golden import PREMUL_FACTOR, make_input, verdict_exact, verdict_reduce
 
-_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
-        "product": dist.ReduceOp.PRODUCT, "band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR,
-        "bxor": dist.ReduceOp.BXOR}
+_OPS = TORCH_REDUCE_OPS  # hal's reduce-op name table
 
 
 def reduce_op(name: str) -> Any:

@@ -28,12 +28,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hal.capabilities import COLLECTIVES, DTYPES, REDUCE_OPS, REDUCING, torch_dtype
+from hal.capabilities import COLLECTIVES, DTYPES, REDUCE_OPS, REDUCING, TORCH_REDUCE_OPS, torch_dtype
 
 WORLD = 2
-_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX,
-        "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT, "band": dist.ReduceOp.BAND,
-        "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
+_OPS = TORCH_REDUCE_OPS  # hal's reduce-op name table (premul_sum aside: it needs a factor)
 
 
 def _input(rank: int, dtype: torch.dtype, n: int = 4) -> torch.Tensor:
