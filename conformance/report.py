@@ -83,6 +83,15 @@ class Report:
         Path(path).write_text(json.dumps(self.as_json(), indent=2) + "\n")
 
     # ---- Markdown / HTML ----------------------------------------------------------------------
+    def reasons(self, status: str) -> list[tuple[str, int, str]]:
+        """(message, how many checks, the first check's id) of every distinct reason for `status`
+        (skipped / not_applicable), most frequent first: why checks were not verified, grouped."""
+        groups: dict[str, list[str]] = {}
+        for r in self.results:
+            if r.status == status:
+                groups.setdefault(" ".join(r.message.split()), []).append(r.id)
+        return sorted(((m, len(ids), ids[0]) for m, ids in groups.items()), key=lambda g: -g[1])
+
     def _ordered(self) -> list[CheckResult]:
         rank = {"failed": 0, "skipped": 1, "not_applicable": 2, "passed": 3}
         return sorted(self.results, key=lambda r: rank[r.status])  # stable: level order within a status
@@ -180,6 +189,15 @@ class Report:
         for r in self._ordered():
             if r.status == "failed" or (verbose and r.status in ("skipped", "not_applicable")):
                 lines.append(f"  {r.status.upper():<7} {r.id}: {r.message}")
+        for status, word in (("skipped", "skipped"), ("not_applicable", "not applicable")):
+            groups = self.reasons(status) if not verbose else []
+            if groups:
+                lines.append(f"  {word}: {sum(n for _, n, _ in groups)} check(s), by reason:")
+                for msg, n, first in groups[:6]:
+                    lines.append(f"    {n:>4} x {msg[:160]} (e.g. {first})")
+                if len(groups) > 6:
+                    lines.append(f"    ... and {len(groups) - 6} more reason(s) ({sum(n for _, n, _ in groups[6:])} "
+                                 f"check(s)); -v or --report lists every check")
         if self.efficiency_matrix is not None:
             em = self.efficiency_matrix
             best = {d: em.best_matmul_flops(d) for d in ("float32", "bfloat16", "float16")}

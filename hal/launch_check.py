@@ -80,6 +80,23 @@ def check_output_path(flag: str, path: Optional[str], suffixes: tuple[str, ...] 
     return str(p.resolve())
 
 
+def check_output_dir(flag: str, path: Optional[str]) -> Optional[str]:
+    """Absolute path of an output folder (a run directory): created now, or refused now when it is a
+    file or not writable (not after the ranks have started)."""
+    if path is None:
+        return None
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise LaunchError(f"{flag} {path}: is a file, not a folder")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LaunchError(f"{flag} {path}: cannot create this folder: {exc.strerror}") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise LaunchError(f"{flag} {path}: not writable")
+    return str(p.resolve())
+
+
 # ---- chips and world size ----------------------------------------------------------------------
 def _plugin_manager(env: dict):
     from .plugin_manager import PluginManager
@@ -115,12 +132,16 @@ def check_emulate_map(where: str, text: str, environ: Optional[dict] = None) -> 
 
 
 def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
-               default_emulate: Callable[[Optional[int]], str], min_ranks: int = 1) -> tuple:
+               default_emulate: Callable[[Optional[int]], str], min_ranks: int = 1,
+               emulate_label: Optional[str] = None, cluster_label: Optional[str] = None,
+               nproc_hint: str = "pass --nproc N") -> tuple:
     """(ranks to start, env for the ranks, how the chips were chosen, (chip, emulated) of every rank),
     everything checked.
 
     `emulate` is the `--emulate` flag (it overrides `HAL_EMULATE`; "none" drops it); with neither it
-    nor a chip variable set, `default_emulate(nproc)` gives the map."""
+    nor a chip variable set, `default_emulate(nproc)` gives the map. `emulate_label` / `cluster_label`
+    name where the map / the cluster spec came from in messages when that is not `--emulate MAP` /
+    `HAL_CLUSTER=FILE` (`hal train`: its config's `cluster.emulate` / `cluster.spec`)."""
     env = dict(environ)
     if nproc is not None:
         check_int("--nproc", nproc, max(1, min_ranks), MAX_LOCAL_RANKS)
@@ -131,7 +152,7 @@ def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
         env.pop("HAL_EMULATE", None)
         emulate = None
     elif emulate is not None:
-        where = f"--emulate {emulate}"
+        where = emulate_label or f"--emulate {emulate}"
     elif not any((env.get(k) or "").strip() for k in CHIP_ENV):
         emulate = default_emulate(nproc)
     if emulate is not None:
@@ -145,16 +166,17 @@ def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
     if (env.get("HAL_EMULATE") or "").strip():
         world = _emulate_count(where or f"HAL_EMULATE={env['HAL_EMULATE']!r}", env["HAL_EMULATE"], pm)
     cluster = (env.get("HAL_CLUSTER") or "").strip()
+    cluster_label = cluster_label or f"HAL_CLUSTER={cluster}"
     if cluster:
         from .cluster import load_cluster_spec
         try:
             spec = load_cluster_spec(cluster, pm)
         except HalError as exc:
-            raise LaunchError(f"HAL_CLUSTER={cluster}: {exc}") from None
+            raise LaunchError(f"{cluster_label}: {exc}") from None
         if world is None and not (env.get("HAL_CHIP") or "").strip():
             world = spec.world_size
             if world > MAX_LOCAL_RANKS:
-                raise LaunchError(f"HAL_CLUSTER={cluster}: the spec has {world} ranks over {spec.num_nodes} "
+                raise LaunchError(f"{cluster_label}: the spec has {world} ranks over {spec.num_nodes} "
                                   f"nodes; this command starts ranks on this machine only (at most "
                                   f"{MAX_LOCAL_RANKS}); launch each node with torchrun instead")
     chip = (env.get("HAL_CHIP") or "").strip()
@@ -162,11 +184,11 @@ def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
         raise LaunchError(f"HAL_CHIP={chip!r}: no plugin provides this chip; known chips: {sorted(pm.chips)}")
     if world is not None and nproc is not None and world != nproc:
         what = where or (f"HAL_EMULATE={env['HAL_EMULATE']!r}" if env.get("HAL_EMULATE")
-                         else f"HAL_CLUSTER={cluster}")
+                         else cluster_label)
         raise LaunchError(f"--nproc {nproc}, but {what} names {world} ranks; drop --nproc or make them agree")
     world = world if world is not None else nproc
     if world is None:
-        raise LaunchError(f"cannot tell how many ranks to start from {source}; pass --nproc N")
+        raise LaunchError(f"cannot tell how many ranks to start from {source}; {nproc_hint}")
     check_int("ranks to start" if nproc is None else "--nproc", world, max(1, min_ranks), MAX_LOCAL_RANKS)
     return world, env, source, _check_each_rank(pm, env, world)
 
@@ -215,10 +237,15 @@ def first_rank_error(log_text: str) -> Optional[str]:
     return min(found)[1] if found else None
 
 
-def run_ranks(prog: str, cmd: list[str], env: dict) -> int:
-    """Run torchrun with the ranks' stderr in a log file; on failure print the first rank error once."""
-    fd, log = tempfile.mkstemp(prefix=f"{prog.replace(' ', '-')}-", suffix=".log")
-    with os.fdopen(fd, "w") as f:
+def run_ranks(prog: str, cmd: list[str], env: dict, log: Optional[str] = None) -> int:
+    """Run torchrun with the ranks' stderr in a log file (`log`, else a temporary file); on failure
+    print the first rank error once."""
+    if log is None:
+        fd, log = tempfile.mkstemp(prefix=f"{prog.replace(' ', '-')}-", suffix=".log")
+        f = os.fdopen(fd, "w")
+    else:
+        f = open(log, "w")
+    with f:
         code = subprocess.call(cmd, env=env, stderr=f)
     text = Path(log).read_text(errors="replace")
     if code == 0:
@@ -227,6 +254,12 @@ def run_ranks(prog: str, cmd: list[str], env: dict) -> int:
         else:
             os.unlink(log)
         return 0
+    print_failure(prog, code, text, log)
+    return code
+
+
+def print_failure(prog: str, code: int, text: str, log: str) -> None:
+    """The launcher's report of a failed job: the first failing rank's own line, once, and the log."""
     first = first_rank_error(text)
     if first:
         print(f"{prog}: error: first failing rank: {first}", file=sys.stderr)
@@ -235,4 +268,27 @@ def run_ranks(prog: str, cmd: list[str], env: dict) -> int:
         print(f"{prog}: error: a rank exited with code {code} without a Python exception; last stderr line: "
               f"{last[0].strip()[:300]}", file=sys.stderr)
     print(f"{prog}: full log of every rank: {log}", file=sys.stderr)
-    return code
+
+
+def run_target(argv: list[str]) -> None:
+    """Run a rank's target (`-m MODULE ARGS...` or `SCRIPT ARGS...`) as `__main__`; an uncaught
+    exception is reported as one marked line (report_rank_failure) before its traceback. The ranks of
+    `hal train` and `hal testbed run` start through this (`python -m hal.rank_entry ...`,
+    `testbed.rank_nic`), so their launchers print the first failing rank's error once."""
+    import runpy
+    if not argv or (argv[0] == "-m" and len(argv) < 2):
+        raise SystemExit("usage: python -m hal.rank_entry (-m MODULE | SCRIPT) [ARGS...]")
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is not None and not isinstance(exc.code, int):  # SystemExit("message"): a refusal
+            report_rank_failure(exc)
+        raise
+    except Exception as exc:
+        report_rank_failure(exc)
+        raise

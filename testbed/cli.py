@@ -112,15 +112,10 @@ def run(args: argparse.Namespace) -> int:
             k, v = kv.split("=", 1)
             env[k] = v
         bed = _pick(args.name)
+        _check_chips(bed, env)  # HAL_* of the ranks checked before any agent starts (hal.launch_check)
         job = launch(bed, target, env=env)
         result = job.wait(args.timeout)
-        for h in result.hosts:
-            print(f"===== host {h.host} (torchrun node {h.host}, exit {h.returncode}) =====")
-            sys.stdout.write(h.output)
-        if result.timed_out:
-            print(f"hal testbed run: stopped after {args.timeout:g}s (--timeout)", file=sys.stderr)
-            return 124
-        return max(abs(h.returncode or 0) for h in result.hosts)
+        return _report(result, args.timeout)
     if cmd == "exec":
         bed = _pick(args.name)
         argv = _strip(args.argv)
@@ -149,6 +144,51 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print("usage: hal testbed up|run|exec|status|down (see `hal testbed --help`)", file=sys.stderr)
     return 2
+
+
+def _check_chips(bed, extra: dict) -> None:
+    """The chip environment every rank will get (this shell's, the bed's --chips, --env), checked
+    with the launching commands' rules for the bed's world size: one line and exit 2 on bad input."""
+    import os
+
+    from hal.launch_check import CHIP_ENV, LaunchError, plan_ranks
+    from .launch import job_env
+    env = {**os.environ, **job_env(bed, 0, extra)}
+    if not any((env.get(k) or "").strip() for k in CHIP_ENV):
+        return  # every rank takes the chip the machine has (hal.accelerator's own default)
+
+    def no_default(_):
+        raise LaunchError("unreachable: a chip variable is set")
+    world = bed.spec.world_size
+    try:
+        plan_ranks(world, None, env, no_default)
+    except LaunchError as exc:
+        raise LaunchError(f"bed {bed.name} ({world} ranks): {exc}") from None
+
+
+def _report(result, timeout: float) -> int:
+    """Every host's output when the job succeeded; otherwise the first failing rank's own error once
+    and where the full log of every host is (not torchrun's per-rank dump)."""
+    import tempfile
+
+    from hal.launch_check import print_failure
+    if result.ok:
+        for h in result.hosts:
+            print(f"===== host {h.host} (torchrun node {h.host}, exit {h.returncode}) =====")
+            sys.stdout.write(h.output)
+        return 0
+    text = "".join(f"===== host {h.host} (torchrun node {h.host}, exit {h.returncode}"
+                   f"{', killed' if h.killed else ''}) =====\n{h.output}" for h in result.hosts)
+    with tempfile.NamedTemporaryFile("w", prefix="hal-testbed-run-", suffix=".log", delete=False) as f:
+        f.write(text)
+    if result.timed_out:
+        print(f"hal testbed run: error: stopped after {timeout:g}s (--timeout); {result.describe()}",
+              file=sys.stderr)
+        print(f"hal testbed run: full log of every host: {f.name}", file=sys.stderr)
+        return 124
+    code = max(abs(h.returncode or 0) for h in result.hosts)
+    print_failure("hal testbed run", code, text, f.name)
+    return code
 
 
 def _alive(pid: int) -> bool:

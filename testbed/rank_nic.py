@@ -11,12 +11,12 @@ constructor the bridge uses for its global group and rails (torch/csrc/distribut
 `createDeviceForInterface` per name, else `createDefaultDevice` from the hostname), and in
 `new_group(backend="gloo")`: every gloo socket of the rank then listens on that NIC's address, and
 the host's source-address routing (testbed.bed) sends what it originates from that address out of
-that NIC. Without HAL_RANK_NICS it changes nothing.
+that NIC. Without HAL_RANK_NICS it changes nothing. The target runs through
+hal.launch_check.run_target, which reports an uncaught error as one marked line for the launcher.
 """
 from __future__ import annotations
 
 import os
-import runpy
 import sys
 
 
@@ -34,14 +34,12 @@ def main(argv: list[str]) -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = nic_for_local_rank(nics, int(os.environ.get("LOCAL_RANK", "0")))
     if not argv:
         raise SystemExit("usage: python -m testbed.rank_nic (-m MODULE | SCRIPT) [ARGS...]")
-    if argv[0] == "-m":
-        if len(argv) < 2:
-            raise SystemExit("testbed.rank_nic: -m needs a module name")
-        sys.argv = [argv[1], *argv[2:]]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(argv)
-        runpy.run_path(argv[0], run_name="__main__")
+    if argv[0] == "-m" and len(argv) < 2:
+        raise SystemExit("testbed.rank_nic: -m needs a module name")
+    # the target runs as __main__; an uncaught error is one marked line first, so `hal testbed run`
+    # prints the first failing rank's error once (hal.launch_check)
+    from hal.launch_check import run_target
+    run_target(argv)
 
 
 if __name__ == "__main__":
