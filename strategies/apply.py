@@ -261,6 +261,12 @@ def apply_plan(model: nn.Module, plan: Any, topology: Any = None, *, runtime: st
     def grad_sync() -> None:
         if plan.zero == 0:
             _sum_grads({s: m for s, m in modules.items() if not _is_wrapped(m)}, mesh, expert_ids)
+        # expert data parallel (ep < dp): the copies of each expert SUM their gradients (every zero
+        # level: DDP and FSDP2 both leave expert parameters out)
+        from strategies.expert_parallel import reduce_expert_grads
+        for s, m in modules.items():
+            if mesh.grids[s].experts is not None:
+                reduce_expert_grads(getattr(m, "module", m), mesh.expert_dp_group(s))
     return AppliedPlan(mesh, modules, rt, loss, plan, grad_sync)
 
 
@@ -293,18 +299,24 @@ def _apply_tp(mod: StageModule, mesh: HeteroMesh, s: int, zero: int, topology: A
 
 
 def _apply_ep(mod: StageModule, mesh: HeteroMesh, s: int) -> set[int]:
-    """EP over the stage's DP group at this TP index (H4's apply_ep) with the plan's placement (expert
-    ids per replica = per EP rank, as replicas ascend by rank). Returns the ids of the expert
-    parameters kept here."""
+    """EP over this rank's EP group at its TP index (H4's apply_ep) with the plan's placement (expert
+    ids per replica = per EP rank, as replicas ascend by rank): the stage's DP group, or with the
+    stage's `ep` < dp its block of ep replicas, routing statistics over the DP group (expert data
+    parallel; grad_sync then reduces expert gradients over the expert-DP group). Returns the ids of
+    the expert parameters kept here."""
     from strategies.expert_parallel import apply_ep
     grid = mesh.grids[s]
-    ranks = grid.dp_ranks(mesh.role(s).tp_index)
+    role = mesh.role(s)
+    ranks = grid.dp_ranks(role.tp_index)
     if ranks != sorted(ranks):
         # the MoE layer orders tokens (hence which ones a full expert drops) by EP rank, which must be
         # the replicas' row order for the result to equal the single-process one
         raise MeshError(f"stages[{s}]: EP ranks {ranks} (replica order) do not ascend; order the replicas "
                         f"of an expert stage by rank so EP rank order is row order")
-    names = set(apply_ep(mod, mesh.dp_group(s), grid.experts))
+    e = grid.ep_degree
+    k = role.replica // e
+    stats = mesh.dp_group(s) if e < grid.dp else None
+    names = set(apply_ep(mod, mesh.ep_group(s), grid.experts[k * e:(k + 1) * e], stats_group=stats))
     return {id(p) for n, p in mod.named_parameters() if n in names}
 
 

@@ -24,6 +24,13 @@ pass with one group on 2+2, 3+1, 2+1+1 and 3+2+1 (DDP); our reading is that auto
 in reverse creation order, which places the all_to_all backward nodes alike on every rank even when
 ranks host different numbers of experts. A separate group removes that dependence on autograd's
 scheduling, and is what the tests use.
+Expert data parallel (a Plan stage's `ep` < dp; Megatron-LM / DeepSpeed's expert-DP): the DP group
+is cut into EP groups of ep consecutive ranks, each hosting every expert once with the same
+placement, so every expert has dp / ep copies. `apply_ep(..., stats_group=dp_group)` keeps the
+routing statistics global (strategies/moe.py: the same tokens drop as in one process); tokens move
+only inside their EP group, so a copy's gradient covers its EP group's tokens only, and
+`reduce_expert_grads(model, expert_dp_group)` SUM-reduces the copies over the expert-DP group (EP
+index i of every EP group) after backward; the sum is the single-process gradient.
 With TP > 1 each TP index has its own EP group; the MoE layer is not TP-sharded (the MoE input is the
 full, TP-replicated activation), so the TP ranks of a replica run the same expert work on the same
 tokens and hold identical expert gradients: nothing to reduce across TP either.
@@ -63,11 +70,14 @@ def weighted_placement(experts: int, speeds: Sequence[float]) -> list[list[int]]
 
 
 def apply_ep(model: nn.Module, ep_group: Optional[dist.ProcessGroup],
-             placement: Optional[Sequence[Sequence[int]]] = None) -> list[str]:
+             placement: Optional[Sequence[Sequence[int]]] = None,
+             stats_group: Optional[dist.ProcessGroup] = None) -> list[str]:
     """Make every MoE layer of `model` expert-parallel over `ep_group` with `placement` (expert ids per
     EP rank, the same for every layer; default even_placement). Experts this rank does not host are
     deleted, so build the full model (same seed on every rank), then call this. Returns the names of
     the expert parameters kept here. Raises MoEError naming the layer when a placement does not fit.
+    `stats_group`: under expert data parallel, the DP group `ep_group` is a block of (see the module
+    docstring); then also call `reduce_expert_grads` after every backward.
     """
     layers = moe_layers(model)
     if not layers:
@@ -79,8 +89,32 @@ def apply_ep(model: nn.Module, ep_group: Optional[dist.ProcessGroup],
             check_placement(p, layer.num_experts, size)
         except MoEError as exc:
             raise MoEError(f"apply_ep, layer {name!r}: {exc}") from None
-        layer.set_group(ep_group, p)
+        layer.set_group(ep_group, p, stats_group)
     return expert_parameter_names(model)
+
+
+def reduce_expert_grads(model: nn.Module, expert_dp_group: Optional[dist.ProcessGroup]) -> int:
+    """SUM all_reduce of the expert parameters' gradients over the expert-DP group (the ranks holding
+    the same experts, one per EP group), in one flat buffer; a missing gradient counts as zero so
+    every member's layout matches. Returns the number of elements reduced (0 for a 1-rank group).
+    Bounded by the group's own timeout, as every torch.distributed call."""
+    if expert_dp_group is None or dist.get_world_size(expert_dp_group) == 1:
+        return 0
+    import torch
+    # module order: members of an expert-DP group host the same experts, so the same layout
+    params = [p for _, layer in moe_layers(model) for p in layer.experts.parameters() if p.requires_grad]
+    if not params:
+        return 0
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat, group=expert_dp_group)
+    off = 0
+    for p in params:
+        p.grad.copy_(flat[off:off + p.numel()].view_as(p.grad))
+        off += p.numel()
+    return flat.numel()
 
 
 def expert_parameter_names(model: nn.Module) -> list[str]:

@@ -23,8 +23,13 @@ global rank, so DTensor shard t lives on the t-th smallest rank, and the DP grou
 join ranks holding the same shard. Between stages of different TP
 degree, TP index t of one stage exchanges with TP index t mod tp of the other ("peer rule").
 
+MoE stages: the EP groups of TP index t are blocks of `ep` consecutive members of its DP group
+(ep = dp unless the stage sets `ep`: one EP group, the DP group itself), and expert-DP group i is
+member i of every block (strategies/plan.py defines both; expert_parallel.py says why).
+
 Every `dist.new_group` is called by every rank in the same order (stages in order; in each stage TP
-groups by replica, then DP groups by TP index), deduplicated by rank set, as torch requires.
+groups by replica, then DP groups by TP index, then EP groups and expert-DP groups by TP index when
+ep < dp), deduplicated by rank set, as torch requires.
 """
 from __future__ import annotations
 
@@ -72,8 +77,11 @@ class StageGrid:
     ranks: list[list[int]]
     rows: list[tuple[int, int]]
     experts: Optional[list[list[int]]] = None
+    ep: Optional[int] = None                              # replicas per EP group (None: dp)
     tp_groups: list[Any] = field(default_factory=list)   # one per replica
     dp_groups: list[Any] = field(default_factory=list)   # one per TP index
+    ep_groups: dict = field(default_factory=dict)         # (TP index, EP group index) -> group, ep < dp
+    expert_dp_groups: dict = field(default_factory=dict)  # (TP index, EP index) -> group, ep < dp
 
     @property
     def dp(self) -> int:
@@ -89,6 +97,19 @@ class StageGrid:
 
     def dp_ranks(self, t: int) -> list[int]:
         return [rep[t] for rep in self.ranks]
+
+    @property
+    def ep_degree(self) -> int:
+        return self.ep if self.ep is not None else self.dp
+
+    def ep_ranks(self, t: int, g: int) -> list[int]:
+        """EP group g of TP index t: DP members [g * ep, (g + 1) * ep)."""
+        e = self.ep_degree
+        return self.dp_ranks(t)[g * e:(g + 1) * e]
+
+    def expert_dp_ranks(self, t: int, i: int) -> list[int]:
+        """Expert-DP group i of TP index t: EP index i of every EP group."""
+        return self.dp_ranks(t)[i::self.ep_degree]
 
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> Optional[tuple[int, int]]:
@@ -108,8 +129,12 @@ def grids_from_plan(plan: Any) -> list[StageGrid]:
                                 f"TP index t (the DP group it joins) is the rank holding TP shard t")
         rows = [tuple(plan.rows(s, j)) for j in range(len(st.replicas))]
         experts = getattr(st, "experts", None)
+        ep = getattr(st, "ep", None) if experts else None
+        if ep is not None and (ep < 1 or len(ranks) % ep):
+            raise MeshError(f"stages[{s}].ep = {ep}: must divide the stage's {len(ranks)} replicas "
+                            f"({len(ranks)} % {ep} = {len(ranks) % ep if ep > 0 else 'n/a'})")
         grids.append(StageGrid(s, tuple(st.layers), ranks, rows,
-                               [list(e) for e in experts] if experts else None))
+                               [list(e) for e in experts] if experts else None, ep))
     return grids
 
 
@@ -163,6 +188,12 @@ class HeteroMesh:
         for g in self.grids:  # same order on every rank: TP groups by replica, then DP groups by TP index
             g.tp_groups = [self._group(rep, timeout) for rep in g.ranks]
             g.dp_groups = [self._group(g.dp_ranks(t), timeout) for t in range(g.tp)]
+            if g.experts is not None and g.ep_degree < g.dp:
+                e = g.ep_degree
+                g.ep_groups = {(t, k): self._group(g.ep_ranks(t, k), timeout)
+                               for t in range(g.tp) for k in range(g.dp // e)}
+                g.expert_dp_groups = {(t, i): self._group(g.expert_dp_ranks(t, i), timeout)
+                                      for t in range(g.tp) for i in range(e)}
         self.roles = [self._role(g) for g in self.grids if self.rank in g.all_ranks]
 
     def _group(self, ranks: Sequence[int], timeout: Optional[timedelta]):
@@ -203,10 +234,24 @@ class HeteroMesh:
         return self.grids[stage].dp_groups[r.tp_index]
 
     def ep_group(self, stage: int):
-        """EP group = the stage's replicas at this TP index (the DP group), when the stage has experts."""
-        if self.grids[stage].experts is None:
+        """This rank's EP group: its block of ep consecutive DP members at its TP index (the DP group
+        itself when ep = dp), when the stage has experts."""
+        g = self.grids[stage]
+        if g.experts is None:
             raise MeshError(f"stages[{stage}] has no experts, so no EP group")
-        return self.dp_group(stage)
+        if g.ep_degree == g.dp:
+            return self.dp_group(stage)
+        r = self.role(stage)
+        return g.ep_groups[(r.tp_index, r.replica // g.ep_degree)]
+
+    def expert_dp_group(self, stage: int):
+        """This rank's expert-DP group (the ranks holding its experts, one per EP group), or None when
+        the stage has one EP group (each expert lives once: nothing to reduce)."""
+        g = self.grids[stage]
+        if g.experts is None or g.ep_degree == g.dp:
+            return None
+        r = self.role(stage)
+        return g.expert_dp_groups[(r.tp_index, r.replica % g.ep_degree)]
 
     def device_mesh(self, stage: int):
         """The stage's 2-D DeviceMesh ("dp", "tp") over the groups built here (no new group)."""

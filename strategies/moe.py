@@ -16,6 +16,13 @@ Semantics (one definition, the same code path in one process and on W ranks; the
   assignment contributes 0 (the token keeps its residual path), as in Switch.
 - Every rank learns every rank's per-(expert, slot) counts with one small all_gather, so a sender
   decides drops itself (dropped tokens never travel) and both sides know the all_to_all splits.
+- Expert data parallel (EP groups inside a DP group, `stats_group`): the DP group is cut into EP groups
+  of W consecutive ranks, each hosting every expert once. Tokens travel only inside their EP group,
+  but the counts are all_gathered over the whole `stats_group` (the DP group), so capacity, the drop
+  order (slot, DP rank, local token) and the aux loss's f_e are those of the whole global micro-batch:
+  the same tokens drop as in one process. Each expert copy then sees only its EP group's tokens, and
+  the copies' gradients SUM to the single-process gradient once reduced over the expert-DP group
+  (strategies.expert_parallel.reduce_expert_grads).
 - Load-balancing loss (Switch eq. 4, top-k counted): aux = E * sum_e f_e * P_e with
   f_e = (assignments routed to e before dropping) / (T_global * top_k) and P_e = mean router prob of e
   over the T_global tokens. Each rank stores in `.aux_loss` its share E * sum_e f_e * (sum of its
@@ -134,7 +141,8 @@ class MoE(nn.Module):
 
     def __init__(self, hidden: int, ffn: int, experts: int, top_k: int = 2, capacity_factor: Optional[float] = 1.25,
                  group: Optional[dist.ProcessGroup] = None, placement: Optional[Sequence[Sequence[int]]] = None,
-                 local_experts: Optional[Sequence[int]] = None) -> None:
+                 local_experts: Optional[Sequence[int]] = None,
+                 stats_group: Optional[dist.ProcessGroup] = None) -> None:
         super().__init__()
         for name, v in (("hidden", hidden), ("ffn", ffn), ("experts", experts), ("top_k", top_k)):
             if v < 1:
@@ -152,13 +160,26 @@ class MoE(nn.Module):
         # add the aux loss to the loss (it would count twice).
         self.inject_aux_coef: Optional[float] = None
         self.last_stats: dict = {}
-        self.set_group(group, placement)
+        self.set_group(group, placement, stats_group)
 
     # ---- placement ----------------------------------------------------------------------------
-    def set_group(self, group: Optional[dist.ProcessGroup], placement: Optional[Sequence[Sequence[int]]] = None) -> None:
-        """Bind the EP group and placement; keep only this rank's experts (the others are dropped)."""
+    def set_group(self, group: Optional[dist.ProcessGroup], placement: Optional[Sequence[Sequence[int]]] = None,
+                  stats_group: Optional[dist.ProcessGroup] = None) -> None:
+        """Bind the EP group and placement; keep only this rank's experts (the others are dropped).
+        `stats_group` (expert data parallel): the DP group this EP group is one block of; routing
+        counts, capacity and the aux loss's statistics are taken over it (module docstring)."""
         size = 1 if group is None else dist.get_world_size(group)
         me = 0 if group is None else dist.get_rank(group)
+        self.stats_group, self.stats_size, self.stats_rank, self.ep_offset = None, size, me, 0
+        if stats_group is not None and dist.get_world_size(stats_group) > size:
+            ssize, srank = dist.get_world_size(stats_group), dist.get_rank(stats_group)
+            # EP groups are blocks of `size` consecutive members of the stats (DP) group
+            if ssize % size or srank % size != me:
+                raise MoEError(f"MoE: EP group of {size} ranks (this rank {me}) is not a block of consecutive "
+                               f"members of the stats group of {ssize} (this rank {srank}): {ssize} % {size} = "
+                               f"{ssize % size}, {srank} % {size} = {srank % size}")
+            self.stats_group, self.stats_size, self.stats_rank = stats_group, ssize, srank
+            self.ep_offset = srank - me
         if placement is None:
             placement = even_placement(self.num_experts, size)
         self.placement = check_placement(placement, self.num_experts, size)
@@ -201,13 +222,17 @@ class MoE(nn.Module):
         counts = torch.zeros(E + 1, k, dtype=torch.long)
         counts[:E].scatter_add_(0, top_e, torch.ones_like(top_e))
         counts[E, 0] = T
-        if W > 1:
-            gathered = [torch.empty_like(counts, device=dev) for _ in range(W)]
-            dist.all_gather(gathered, counts.to(dev), group=self.group)
-            every = torch.stack(gathered).cpu()                              # (W, E + 1, k)
+        # statistics over S ranks (the DP group under expert data parallel, else the EP group); this
+        # rank is `ms` there and EP rank r is stats rank off + r
+        S, ms, off = self.stats_size, self.stats_rank, self.ep_offset
+        sgroup = self.stats_group if self.stats_group is not None else self.group
+        if S > 1:
+            gathered = [torch.empty_like(counts, device=dev) for _ in range(S)]
+            dist.all_gather(gathered, counts.to(dev), group=sgroup)
+            every = torch.stack(gathered).cpu()                              # (S, E + 1, k)
         else:
             every = counts.unsqueeze(0)
-        per_rank = every[:, :E]                                              # (W, E, k)
+        per_rank = every[:, :E]                                              # (S, E, k)
         t_global = int(every[:, E, 0].sum())
         cap = self.capacity(t_global)
 
@@ -215,12 +240,12 @@ class MoE(nn.Module):
         # order (slot, rank, local token): earlier slots of every rank, then earlier ranks.
         col = per_rank.sum(0)                                                # (E, k)
         slot_before = torch.cumsum(col, 1) - col                             # (E, k)
-        rank_before = torch.cumsum(per_rank, 0) - per_rank                   # (W, E, k)
-        base = slot_before.unsqueeze(0) + rank_before                        # (W, E, k)
+        rank_before = torch.cumsum(per_rank, 0) - per_rank                   # (S, E, k)
+        base = slot_before.unsqueeze(0) + rank_before                        # (S, E, k)
         if cap is None:
             kept = per_rank
         else:
-            kept = (cap - base).clamp(min=0).minimum(per_rank)               # (W, E, k)
+            kept = (cap - base).clamp(min=0).minimum(per_rank)               # (S, E, k)
 
         # This rank's assignments in send order: (host rank, position at host, slot, token).
         tok = torch.arange(T).unsqueeze(1).expand(T, k).reshape(-1)          # (T k,)
@@ -235,14 +260,15 @@ class MoE(nn.Module):
         new_run[1:] = key[1:] != key[:-1]
         run_start = torch.nonzero(new_run).squeeze(1)[torch.cumsum(new_run.long(), 0) - 1]
         within = torch.arange(key.numel()) - run_start
-        pos = base[me, exp, slot] + within
+        pos = base[ms, exp, slot] + within
         keep = pos < cap if cap is not None else torch.ones_like(pos, dtype=torch.bool)
         tok, slot, exp = tok[keep].to(dev), slot[keep].to(dev), exp[keep]
 
-        sent_per_expert = kept[me].sum(1)                                    # (E,)
+        sent_per_expert = kept[ms].sum(1)                                    # (E,)
         send_splits = [int(sent_per_expert[self.placement[r]].sum()) if self.placement[r] else 0 for r in range(W)]
         mine = self.placement[me]
-        recv_per = kept[:, mine].sum(2) if mine else torch.zeros(W, 0, dtype=torch.long)  # (W, n_local)
+        ep_kept = kept[off:off + W]                                          # (W, E, k): this EP group's ranks
+        recv_per = ep_kept[:, mine].sum(2) if mine else torch.zeros(W, 0, dtype=torch.long)  # (W, n_local)
         recv_splits = [int(v) for v in recv_per.sum(1)]
 
         payload = xt[tok]                                                    # (sent, h)

@@ -8,7 +8,12 @@ more). The mesh is not rectangular: the DP degree may differ between stages and 
 between stages. Derived groups (one definition, used by strategies/mesh.py):
   TP group          = replica.ranks
   DP group (s, t)   = [r.ranks[t] for r in stages[s].replicas]   (equal TP degree inside a stage)
-  EP group (s, t)   = the same DP group, when stages[s].experts is set
+  EP groups (s, t)  = the DP group cut into blocks of `stages[s].ep` consecutive members (default
+                      ep = dp: one EP group), when stages[s].experts is set; each block hosts every
+                      expert once, with the same placement (experts[j] == experts[j % ep])
+  expert-DP (s, t, i) = [DP group[g * ep + i] for every block g]: the copies of EP index i's experts,
+                      whose gradients are SUM-reduced there (Megatron-LM / DeepSpeed "expert data
+                      parallel"); one member when ep = dp
   rows of replica j = a contiguous range of each micro-batch, replicas in order (`Plan.rows`)
 Every rank runs the same number of micro-batches per step (`num_microbatches`), so the collectives
 of every group stay matched whatever the row split.
@@ -77,6 +82,8 @@ class Stage(_Model):
     recompute: Literal["none", "full"] = "none"
     experts: Optional[list[list[int]]] = Field(
         default=None, description="MoE: expert ids hosted by each replica (EP over the replicas)")
+    ep: Optional[int] = Field(default=None, ge=1, description="MoE: EP degree; replicas form EP groups of ep "
+                              "consecutive replicas, each hosting every expert once (default: dp, one group)")
 
     @field_validator("layers")
     @classmethod
@@ -103,6 +110,30 @@ class Stage(_Model):
     @property
     def ranks(self) -> list[int]:
         return [rank for r in self.replicas for rank in r.ranks]
+
+    @property
+    def ep_degree(self) -> int:
+        """Replicas per EP group (dp when `ep` is not set)."""
+        return self.ep if self.ep is not None else self.dp
+
+    @model_validator(mode="after")
+    def _ep(self) -> "Stage":
+        # degree arithmetic where the stage is built: ep needs experts, divides dp, and every EP group
+        # repeats group 0's placement (so expert-DP group i = the i-th member of every group)
+        if self.ep is None:
+            return self
+        dp = len(self.replicas)
+        if self.experts is None:
+            raise PlanError("ep", self.ep, "an EP degree needs an expert placement (experts = [...] per replica)")
+        if dp % self.ep:
+            raise PlanError("ep", self.ep, f"EP degree {self.ep} does not divide the stage's {dp} replicas "
+                            f"({dp} % {self.ep} = {dp % self.ep}); EP groups are {self.ep} consecutive replicas")
+        for j, ids in enumerate(self.experts):
+            if j >= self.ep and j < dp and ids != self.experts[j % self.ep]:
+                raise PlanError(f"experts[{j}]", ids, f"replica {j} is EP index {j % self.ep} of EP group "
+                                f"{j // self.ep} (ep = {self.ep}); every EP group repeats group 0's placement, "
+                                f"so it must host {self.experts[j % self.ep]}")
+        return self
 
 
 class Role(NamedTuple):
@@ -187,8 +218,21 @@ class Plan(_Model):
         return list(self.stages[stage].replicas[replica].ranks)
 
     def dp_ranks(self, stage: int, tp_index: int = 0) -> list[int]:
-        """The DP (and, with experts, EP) group of TP index `tp_index` in stage `stage`."""
+        """The DP group of TP index `tp_index` in stage `stage` (with experts and ep = dp, the EP group)."""
         return [r.ranks[tp_index] for r in self.stages[stage].replicas]
+
+    def ep_ranks(self, stage: int, tp_index: int = 0, replica: int = 0) -> list[int]:
+        """The EP group (TP index `tp_index`) holding replica `replica` of stage `stage`: its block of
+        `ep` consecutive DP members."""
+        ep = self.stages[stage].ep_degree
+        g = replica // ep
+        return self.dp_ranks(stage, tp_index)[g * ep:(g + 1) * ep]
+
+    def expert_dp_ranks(self, stage: int, tp_index: int = 0, ep_index: int = 0) -> list[int]:
+        """The expert-DP group: EP index `ep_index` of every EP group (ranks holding the same experts,
+        whose gradients are SUM-reduced together)."""
+        ep = self.stages[stage].ep_degree
+        return self.dp_ranks(stage, tp_index)[ep_index::ep]
 
     # ---- checks against a cluster and a model ------------------------------------------------
     def check(self, topology: Any, model_cfg: Any) -> "Plan":
@@ -202,24 +246,26 @@ class Plan(_Model):
     def even(cls, topology: Any, model_cfg: Any, global_batch: int, num_microbatches: int = 1,
              pp: int = 1, tp: int = 1, zero: int = 0, schedule: str = "1F1B", recompute: str = "none",
              ep: bool = False, stage_ranks: Optional[Sequence[Sequence[int]]] = None,
-             check: bool = True) -> "Plan":
+             check: bool = True, ep_degree: Optional[int] = None) -> "Plan":
         """The naive layout a homogeneous tool picks: ranks in order, `pp` equal stages of contiguous
         ranks, TP groups of `tp` contiguous ranks, equal layers per stage (earlier stages one more when
-        uneven), equal rows per replica, experts split evenly over a stage's replicas when `ep`."""
+        uneven), equal rows per replica, experts split evenly over a stage's replicas when `ep`
+        (over each EP group of `ep_degree` consecutive replicas when given: expert data parallel)."""
         return _build(cls, topology, model_cfg, global_batch, num_microbatches, pp, tp, zero, schedule,
-                      recompute, ep, stage_ranks, None, False, check)
+                      recompute, ep, stage_ranks, None, False, check, ep_degree)
 
     @classmethod
     def weighted(cls, topology: Any, model_cfg: Any, global_batch: int, speeds: Mapping[str, float],
                  num_microbatches: int = 1, pp: int = 1, tp: int = 1, zero: int = 0,
                  schedule: str = "1F1B", recompute: str = "none", ep: bool = False,
                  stage_ranks: Optional[Sequence[Sequence[int]]] = None, weight_layers: bool = True,
-                 check: bool = True) -> "Plan":
+                 check: bool = True, ep_degree: Optional[int] = None) -> "Plan":
         """`even`'s layout with work split by speed: `speeds` maps chip name -> relative speed; each
         replica's rows are proportional to speed x TP degree (at least 1), each stage's layers (when
-        `weight_layers`) to its replicas' total speed, and experts (with `ep`) to replica speed."""
+        `weight_layers`) to its replicas' total speed, and experts (with `ep`) to replica speed (that of
+        EP group 0's replicas, repeated in every group, with `ep_degree`)."""
         return _build(cls, topology, model_cfg, global_batch, num_microbatches, pp, tp, zero, schedule,
-                      recompute, ep, stage_ranks, dict(speeds), weight_layers, check)
+                      recompute, ep, stage_ranks, dict(speeds), weight_layers, check, ep_degree)
 
     # ---- serialisation -------------------------------------------------------------------------
     def to_json(self, indent: Optional[int] = 2) -> str:
@@ -243,6 +289,8 @@ class Plan(_Model):
                     f"recompute = {json.dumps(s.recompute)}"]
             if s.experts is not None:
                 out.append(f"experts = {json.dumps(s.experts)}")
+            if s.ep is not None:
+                out.append(f"ep = {s.ep}")
             for r in s.replicas:
                 out += ["", "[[stages.replicas]]", f"ranks = {json.dumps(r.ranks)}", f"microbatch = {r.microbatch}"]
         return "\n".join(out) + "\n"
@@ -290,6 +338,7 @@ class Plan(_Model):
         for i, s in enumerate(self.stages):
             reps = ", ".join(f"{r.ranks}x{r.microbatch}" for r in s.replicas)
             ex = f"; experts {s.experts}" if s.experts is not None else ""
+            ex += f" (ep {s.ep}: {s.dp // s.ep} EP groups)" if s.ep is not None else ""
             lines.append(f"  stage {i}: layers [{s.layers[0]}, {s.layers[1]}), tp {s.tp}, dp "
                          f"{len(s.replicas)}: {reps}; recompute {s.recompute}{ex}")
         return "\n".join(lines)
@@ -415,8 +464,10 @@ def _check_experts(i: int, s: Stage, cfg: Any) -> None:
     if len(s.experts) != len(s.replicas):
         raise PlanError(field, s.experts, f"EP group size: {len(s.experts)} expert lists for {len(s.replicas)} "
                         f"replicas; the EP group is the stage's replicas, one list each")
+    # every EP group (ep consecutive replicas) repeats group 0's placement (Stage checks it), so
+    # checking group 0 covers them all
     counts: dict[int, int] = {}
-    for j, ids in enumerate(s.experts):
+    for j, ids in enumerate(s.experts[:s.ep_degree]):
         if not ids:
             raise PlanError(f"{field}[{j}]", ids, f"replica {j} hosts no expert; every EP rank hosts >= 1")
         bad = [e for e in ids if not 0 <= e < cfg.experts]
@@ -427,8 +478,8 @@ def _check_experts(i: int, s: Stage, cfg: Any) -> None:
     twice = sorted(e for e, c in counts.items() if c > 1)
     missing = sorted(set(range(cfg.experts)) - set(counts))
     if twice or missing:
-        raise PlanError(field, s.experts, f"every one of the {cfg.experts} experts must be hosted exactly once: "
-                        f"placed more than once {twice}, nowhere {missing}")
+        raise PlanError(field, s.experts, f"every one of the {cfg.experts} experts must be hosted exactly once "
+                        f"in each EP group (ep = {s.ep_degree}): placed more than once {twice}, nowhere {missing}")
 
 
 # ---- Plan.even / Plan.weighted -------------------------------------------------------------------
@@ -450,7 +501,7 @@ def _proportional(total: int, weights: Sequence[float], what: str) -> list[int]:
 
 def _build(cls, topo: Any, cfg: Any, global_batch: int, num_microbatches: int, pp: int, tp: int, zero: int,
            schedule: str, recompute: str, ep: bool, stage_ranks: Optional[Sequence[Sequence[int]]],
-           speeds: Optional[dict], weight_layers: bool, check: bool) -> Plan:
+           speeds: Optional[dict], weight_layers: bool, check: bool, ep_degree: Optional[int] = None) -> Plan:
     world = topo.world_size
     if num_microbatches < 1 or global_batch % num_microbatches:
         raise PlanError("global_batch", global_batch, f"must be a positive multiple of num_microbatches = "
@@ -501,17 +552,22 @@ def _build(cls, topo: Any, cfg: Any, global_batch: int, num_microbatches: int, p
         else:
             rows = _proportional(mb_size, [speed_of(g) for g in tp_groups], "global_batch")
         experts = None
+        e_deg = dp if ep_degree is None else ep_degree
         if ep and cfg.experts:
+            if e_deg < 1 or dp % e_deg:
+                raise PlanError("ep_degree", ep_degree, f"EP degree {e_deg} does not divide stage {s}'s {dp} "
+                                f"replicas ({dp} % {e_deg} = {dp % e_deg if e_deg > 0 else 'n/a'})")
             if speeds is None:
-                if cfg.experts % dp:
-                    raise PlanError("ep", ep, f"{cfg.experts} experts do not split evenly over {dp} replicas")
-                per = cfg.experts // dp
-                counts = [per] * dp
+                if cfg.experts % e_deg:
+                    raise PlanError("ep", ep, f"{cfg.experts} experts do not split evenly over {e_deg} replicas "
+                                    f"(EP degree)")
+                counts = [cfg.experts // e_deg] * e_deg
             else:
-                counts = _proportional(cfg.experts, [speed_of(g) for g in tp_groups], "experts")
-            offs = [sum(counts[:j]) for j in range(dp)]
-            experts = [list(range(o, o + c)) for o, c in zip(offs, counts)]
+                counts = _proportional(cfg.experts, [speed_of(g) for g in tp_groups[:e_deg]], "experts")
+            offs = [sum(counts[:j]) for j in range(e_deg)]
+            experts = [list(range(o, o + c)) for o, c in zip(offs, counts)] * (dp // e_deg)
         stages.append(Stage(layers=(start, start + layer_counts[s]), recompute=recompute, experts=experts,
+                            ep=ep_degree if (experts is not None and ep_degree is not None) else None,
                             replicas=[Replica(ranks=g, microbatch=m) for g, m in zip(tp_groups, rows)]))
         start += layer_counts[s]
     plan = cls(model=cfg.name, num_microbatches=num_microbatches, schedule=schedule, zero=zero, stages=stages)

@@ -148,6 +148,7 @@ class Shape:
     m: int
     zero: int
     recompute: list[bool] = field(default_factory=list)   # per stage, set by _estimate
+    ep: Optional[int] = None   # MoE: EP degree (replicas per EP group, every stage); None: the whole DP group
 
     def microbatch(self, s: int) -> int:
         return sum(g.mb * g.count for g in self.stages[s][1])
@@ -163,15 +164,16 @@ def _estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[f
         n_layers, dp, bm = b - a, sum(g.count for g in groups), shape.microbatch(s)
         nic = min(g.facts.nic_bw for g in groups)
         for recompute in ((shape.recompute[0],) if uniform else (False, True)):
-            worst, opt, bwd_min, params, ok = 0.0, 0.0, float("inf"), 0.0, True
+            worst, opt, bwd_min, params, eparams, ok = 0.0, 0.0, float("inf"), 0.0, 0.0, True
             for g in groups:
-                ep = (dp, nic * g.tp) if model.experts and dp > 1 else None
+                ep, gmb = ep_of(model, shape.ep, dp, g, nic, bm)
                 c = replica_cost(model, g.facts, g.tp, n_layers, s == 0, s == p - 1, g.mb, recompute, shape.zero,
-                                 dp, min(m, p - s), ep=ep, experts_local=g.experts, group_mb=bm)
+                                 dp, min(m, p - s), ep=ep, experts_local=g.experts, group_mb=gmb)
                 ok = ok and c.memory <= g.facts.memory
                 worst = max(worst, c.fwd + c.bwd)
                 opt, bwd_min = max(opt, c.optimizer), min(bwd_min, c.bwd)
-                params = c.params_local - (n_layers * model.expert_params * (g.experts or 0) / g.tp if model.experts else 0)
+                eparams = n_layers * model.expert_params * (g.experts or 0) / g.tp if model.experts else 0.0
+                params = c.params_local - eparams
             if ok:
                 break
         fits = fits and ok
@@ -184,6 +186,7 @@ def _estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[f
             # a part on one node (its TP groups are consecutive ranks) reduces over the intra link
             plist = [(f, n, f.intra_bw if n * tp <= f.ranks_per_node else f.nic_bw) for f, n, tp in parts.values()]
             t_red = dp_reduce_time(max(params, 0) * GRAD_BYTES, plist)
+            t_red += expert_reduce_time(eparams, shape.ep, dp, [(f, n) for f, n, _ in parts.values()])
             tail = max(tail, max(0.0, t_red - bwd_min) + t_red / max(n_layers, 1) + opt)
         else:
             tail = max(tail, opt)
@@ -193,6 +196,44 @@ def _estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[f
     if not uniform:
         shape.recompute = flags
     return (m - 1) * max(stage_t) + sum(stage_t) + p2p + tail, fits
+
+
+def ep_of(model: ModelFacts, ep: Optional[int], dp: int, g: Group, nic: float,
+          bm: int) -> tuple[Optional[tuple[int, float]], int]:
+    """(EP argument of replica_cost, the rows its EP group routes per micro-batch) for a replica of
+    group `g` in a stage of `dp` replicas and `bm` rows. `ep` None: one EP group over the whole DP
+    group (its all_to_all on the slowest NIC); else EP groups of `ep` consecutive replicas of one kind
+    (the search keeps ep | each kind's replica count), on the intra-node link when the group's
+    ep x tp ranks fit a node, else the NIC."""
+    if not model.experts:
+        return None, bm
+    if ep is None:
+        return ((dp, nic * g.tp) if dp > 1 else None), bm
+    bw = g.facts.intra_bw if ep * g.tp <= g.facts.ranks_per_node else g.facts.nic_bw
+    return ((ep, bw * g.tp) if ep > 1 else None), g.mb * ep
+
+
+def expert_reduce_time(eparams: float, ep: Optional[int], dp: int, kinds: Sequence[tuple[ChipFacts, int]]) -> float:
+    """Expert data parallel: each expert's copies (one per EP group: dp / ep of them) SUM-reduce
+    their fp32 gradients (`eparams` expert parameters per rank). The copies sit in different EP
+    groups, so on different nodes (the NIC); across chip kinds the bridge's rail algorithm."""
+    if ep is None or not eparams or dp // ep <= 1:
+        return 0.0
+    parts = [(f, n // ep, f.nic_bw) for f, n in kinds if n // ep]
+    return dp_reduce_time(eparams * GRAD_BYTES, parts)
+
+
+def ep_options(model: ModelFacts, counts: Sequence[int], even: bool = False) -> list[Optional[int]]:
+    """EP degrees to try for stages whose kinds have `counts` replicas: None (one EP group over the
+    whole DP group, experts placed by speed; needs experts >= replicas) and every divisor of the
+    expert count that divides each kind's count (EP groups of one kind, even placement, experts
+    replicated across groups: expert data parallel)."""
+    if not model.experts:
+        return [None]
+    d = sum(counts)
+    out: list[Optional[int]] = [None] if model.experts >= d and (not even or model.experts % d == 0) else []
+    out += [e for e in divisors(model.experts) if e < d and all(n % e == 0 for n in counts)]
+    return out
 
 
 def _memory_options(build: Callable[[int], Shape], model: ModelFacts) -> Optional[tuple[Shape, float]]:
@@ -285,40 +326,57 @@ def mixed_candidates(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, 
             if counts is None:
                 continue
             bounds = list(itertools.accumulate([0] + counts))
-            eshare = None
-            if model.experts:
-                if even:
-                    if model.experts % d:
-                        continue
-                    eshare = [(model.experts // d, n) for n in n_c]
-                else:
-                    eshare = _expert_share(model.experts, n_c, [1.0 / u for u in unit])
-                    if eshare is None:
-                        continue
-            for bm in divisors(batch):
-                if bm < d or (even and bm % d):
-                    continue
-                m = batch // bm
-                if p > 1 and m < p:
-                    continue        # 1F1B needs at least as many micro-batches as stages (torch rule)
-                rows = [(bm // d, n) for n in n_c] if even else _share(bm, n_c, unit)
-                if rows is None:
-                    continue
-                kinds = [_runs(n, r[0], r[1], e[0] if e else None, e[1] if e else 0)
-                         for n, r, e in zip(n_c, rows, eshare or [None] * len(n_c))]
-
-                def build(zero: int, kinds=kinds, bounds=bounds, m=m, p=p, t=t) -> Shape:
-                    groups = [Group(f, t, mb, e, c) for f, runs in zip(facts, kinds) for mb, e, c in runs]
-                    return Shape([((bounds[s], bounds[s + 1]), groups) for s in range(p)], m, zero)
-
-                best = _memory_options(build, model)
-                if best is None:
-                    continue
-                shape, est = best
-                out.append(Candidate("even" if even else "mixed", shape, est,
-                                     f"mixed stages: tp {t}, pp {p}, dp {d}, micro-batch {bm} x {m}, "
-                                     f"zero {shape.zero}, recompute in {sum(shape.recompute)}/{len(shape.recompute)} stages"))
+            for ep in ep_options(model, n_c, even):
+                out += _mixed_one(facts, model, batch, even, t, p, n_c, d, unit, bounds, ep)
     return out
+
+
+def _mixed_one(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, even: bool, t: int, p: int,
+               n_c: list[int], d: int, unit: list[float], bounds: list[int],
+               ep: Optional[int]) -> list[Candidate]:
+    """Mixed-stage candidates of one (tp, pp, ep) over every micro-batch size."""
+    out = []
+    eshare = None
+    if model.experts:
+        if ep is not None:
+            eshare = [(model.experts // ep, n) for n in n_c]
+        elif even:
+            eshare = [(model.experts // d, n) for n in n_c]
+        else:
+            eshare = _expert_share(model.experts, n_c, [1.0 / u for u in unit])
+            if eshare is None:
+                return out
+    for bm in divisors(batch):
+        if bm < d or (even and bm % d):
+            continue
+        m = batch // bm
+        if p > 1 and m < p:
+            continue        # 1F1B needs at least as many micro-batches as stages (torch rule)
+        rows = [(bm // d, n) for n in n_c] if even else _share(bm, n_c, unit)
+        if rows is None:
+            continue
+        kinds = [_runs(n, r[0], r[1], e[0] if e else None, e[1] if e else 0)
+                 for n, r, e in zip(n_c, rows, eshare or [None] * len(n_c))]
+
+        def build(zero: int, kinds=kinds, bounds=bounds, m=m, p=p, t=t) -> Shape:
+            groups = [Group(f, t, mb, e, c) for f, runs in zip(facts, kinds) for mb, e, c in runs]
+            return Shape([((bounds[s], bounds[s + 1]), groups) for s in range(p)], m, zero, ep=ep)
+
+        best = _memory_options(build, model)
+        if best is None:
+            continue
+        shape, est = best
+        out.append(Candidate("even" if even else "mixed", shape, est,
+                             f"mixed stages: tp {t}, pp {p}, dp {d}{_ep_text(model, ep, d)}, micro-batch "
+                             f"{bm} x {m}, zero {shape.zero}, recompute in {sum(shape.recompute)}/"
+                             f"{len(shape.recompute)} stages"))
+    return out
+
+
+def _ep_text(model: ModelFacts, ep: Optional[int], d: int) -> str:
+    if not model.experts:
+        return ""
+    return f", ep {ep} (x {d // ep} expert-DP)" if ep is not None else f", ep {d} (= dp)"
 
 
 def even_candidates(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, max_pp: int = 32) -> list[Candidate]:
@@ -351,18 +409,16 @@ def even_candidates(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, m
             base, extra = divmod(model.layers, p)
             counts = [base + (1 if s < extra else 0) for s in range(p)]
             bounds = list(itertools.accumulate([0] + counts))
-            if model.experts and model.experts % d:
-                continue
-            for bm in divisors(batch):
+            for bm, ep in itertools.product(divisors(batch), ep_options(model, [d], even=True)):
                 if bm % d or (p > 1 and batch // bm < p):
                     continue
                 m = batch // bm
-                e = model.experts // d if model.experts else None
+                e = model.experts // (ep or d) if model.experts else None
                 best = None
                 for recompute in (False, True):
                     for zero in ZERO_LEVELS:
                         shape = Shape([((bounds[s], bounds[s + 1]), [Group(f, t, bm // d, e, n) for f, n in g])
-                                       for s, g in enumerate(stages_groups)], m, zero, [recompute] * p)
+                                       for s, g in enumerate(stages_groups)], m, zero, [recompute] * p, ep=ep)
                         est, fits = _estimate(shape, model, uniform=True)
                         if fits and (best is None or est < best[1]):
                             best = (shape, est)
@@ -371,7 +427,8 @@ def even_candidates(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, m
                 if best is None:
                     continue
                 shape, est = best
-                out.append(Candidate("even", shape, est, f"Plan.even: tp {t}, pp {p}, dp {d}, micro-batch {bm} x {m}, "
+                out.append(Candidate("even", shape, est, f"Plan.even: tp {t}, pp {p}, dp {d}{_ep_text(model, ep, d)}, "
+                                                        f"micro-batch {bm} x {m}, "
                                                         f"zero {shape.zero}, recompute {'full' if shape.recompute[0] else 'none'}"))
     return out
 
@@ -408,18 +465,20 @@ def split_candidates(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, 
         if p > min(max_pp, model.layers):
             continue
         dc = [f.size // (t * pc) for f, (t, pc) in zip(facts, combo)]
-        for bm in [bm for bm in divisors(batch) if bm >= max(dc) and batch // bm >= p][:max_bm]:
+        bms = [bm for bm in divisors(batch) if bm >= max(dc) and batch // bm >= p][:max_bm]
+        for bm, ep in itertools.product(bms, ep_options(model, dc) if model.experts else [None]):
             m = batch // bm
             rows = [(bm // d, d - bm % d) for d in dc]          # even inside a kind
             eshare = None
             if model.experts:
-                if any(model.experts < d for d in dc):
+                if ep is None and any(model.experts < d for d in dc):
                     continue
-                eshare = [(model.experts // d, d - model.experts % d) for d in dc]
+                eshare = [(model.experts // (ep or d), d - model.experts % (ep or d)) for d in dc]
             per_layer, extra, stage_kind = [], [], []
             for ki, (f, (t, pc)) in enumerate(zip(facts, combo)):
                 c = replica_cost(model, f, t, 1, False, False, rows[ki][0] + (rows[ki][1] < dc[ki]), False, 0,
-                                 dc[ki], 1, experts_local=eshare[ki][0] if eshare else None, group_mb=bm)
+                                 dc[ki], 1, experts_local=eshare[ki][0] if eshare else None,
+                                 group_mb=bm if ep is None else (bm // dc[ki]) * ep)
                 per_layer += [c.fwd + c.bwd] * pc
                 extra += [0.0] * pc
                 stage_kind += [ki] * pc
@@ -433,19 +492,20 @@ def split_candidates(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, 
                      for d, r, e in zip(dc, rows, eshare or [None] * len(dc))]
 
             def build(zero: int, kinds=kinds, bounds=bounds, m=m, combo=combo,
-                      stage_kind=stage_kind) -> Shape:
+                      stage_kind=stage_kind, ep=ep) -> Shape:
                 stages = []
                 for s, ki in enumerate(stage_kind):
                     stages.append(((bounds[s], bounds[s + 1]),
                                    [Group(facts[ki], combo[ki][0], mb, e, c) for mb, e, c in kinds[ki]]))
-                return Shape(stages, m, zero)
+                return Shape(stages, m, zero, ep=ep)
 
             best = _memory_options(build, model)
             if best is None:
                 continue
             shape, est = best
             desc = ", ".join(f"{f.name}: tp {t} x {pc} stages x dp {d}" for f, (t, pc), d in zip(facts, combo, dc))
-            out.append(Candidate("split", shape, est, f"split stages ({desc}), micro-batch {bm} x {m}, "
+            ept = "" if not model.experts else (f", ep {ep}" if ep else ", ep = dp")
+            out.append(Candidate("split", shape, est, f"split stages ({desc}){ept}, micro-batch {bm} x {m}, "
                                                       f"zero {shape.zero}, recompute in {sum(shape.recompute)}/{len(shape.recompute)} stages"))
     return out
 
@@ -463,7 +523,8 @@ def materialize(shape: Shape, node_of=None, schedule: str = "1F1B") -> Layout:
                 k = used.get(g.facts.name, 0)
                 used[g.facts.name] = k + 1
                 reps.append(RepSpec(g.facts, tps[k], g.mb, g.experts))
-        stages.append(StageSpec((a, b), reps, bool(shape.recompute[si]) if shape.recompute else False))
+        stages.append(StageSpec((a, b), reps, bool(shape.recompute[si]) if shape.recompute else False,
+                                ep=shape.ep if g.experts is not None else None))
     return Layout(stages=stages, m=shape.m, zero=shape.zero, schedule=schedule, node_of=node_of)
 
 
@@ -496,11 +557,18 @@ def search(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, node_of=No
     say = progress or (lambda msg: None)
     evaluated = 0
     parts = {}
-    for f, share in zip(facts, batch_shares(facts, batch)):
-        say(f"planning {f.name} alone ({f.size} x {f.model}, its share of the batch: {share})")
-        cs = mixed_candidates([f], model, share, max_pp=max_pp)
-        evaluated += len(cs)
-        fin = _finalize(cs, model, keep, node_of)
+    # a share rounded to a multiple of 8 may have few divisors (8 x a prime: 6056 = 8 x 757) and no
+    # micro-batch split that fits; then the share is rounded to a coarser multiple (64, 512)
+    share_sets = [batch_shares(facts, batch, q) for q in (8, 64, 512)]
+    for i, f in enumerate(facts):
+        for shares in share_sets:
+            share = shares[i]
+            say(f"planning {f.name} alone ({f.size} x {f.model}, its share of the batch: {share})")
+            cs = mixed_candidates([f], model, share, max_pp=max_pp)
+            evaluated += len(cs)
+            fin = _finalize(cs, model, keep, node_of)
+            if fin:
+                break
         if not fin:
             raise PlanSearchError(f"no layout of {model.name} fits sub-cluster {f.name} ({f.size} x {f.model}, "
                                   f"{f.memory / 1e9:.0f} GB each) with its batch share {share} of {batch}")

@@ -39,6 +39,7 @@ class StageSpec:
     layers: tuple[int, int]
     reps: list[RepSpec]
     recompute: bool = False
+    ep: Optional[int] = None          # MoE: replicas per EP group (None: one EP group of all replicas)
 
     @property
     def n_layers(self) -> int:
@@ -136,15 +137,22 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
         row, memo = [], {}
         dp = len(st.reps)
         nic = min(x.facts.nic_bw for x in st.reps)
-        for r in st.reps:
+        for j, r in enumerate(st.reps):
             tp = len(r.ranks)
-            key = (r.facts.name, tp, r.mb, r.experts)
+            ep, gmb = ((dp, nic * tp) if model.experts and dp > 1 else None), st.microbatch
+            if model.experts and st.ep is not None:
+                # EP group of st.ep consecutive replicas: its all_to_all on the intra link when its
+                # ranks share a node, else the NIC; its experts see the group's rows
+                grp = st.reps[j // st.ep * st.ep:(j // st.ep + 1) * st.ep]
+                gmb = sum(x.mb for x in grp)
+                one = bool(node_of) and len({node_of.get(x) for g in grp for x in g.ranks}) == 1
+                ep = (st.ep, (r.facts.intra_bw if one else r.facts.nic_bw) * tp) if st.ep > 1 else None
+            key = (r.facts.name, tp, r.mb, r.experts, ep, gmb)
             if key not in memo:   # replicas of one kind and share cost the same: compute once
                 in_flight = m if sched_kind == "GPipe" else min(m, p - s)
-                ep = (dp, nic * tp) if model.experts and dp > 1 else None
                 memo[key] = copy.copy(replica_cost(model, r.facts, tp, st.n_layers, s == 0, s == p - 1, r.mb, st.recompute,
                                          layout.zero, dp, in_flight, ep=ep, experts_local=r.experts,
-                                         group_mb=st.microbatch))
+                                         group_mb=gmb))
             row.append(memo[key])
         costs.append(row)
     # ZeRO-3 re-gathers each stage's parameters for every micro-batch's forward and backward;
@@ -254,8 +262,10 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
         t_red = 0.0
         if dp > 1:
             params = costs[s][0].params_local
+            eparams = 0.0
             if model.experts:   # expert weights live once in the EP group: not DP-reduced
-                params -= st.n_layers * model.expert_params * (st.reps[0].experts or 0) / len(st.reps[0].ranks)
+                eparams = st.n_layers * model.expert_params * (st.reps[0].experts or 0) / len(st.reps[0].ranks)
+                params -= eparams
             parts: dict[str, list] = {}
             for r in st.reps:
                 parts.setdefault(r.facts.name, [r.facts, 0, None])[1] += 1
@@ -265,6 +275,13 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
                 one_node = bool(node_of) and len({node_of.get(x) for x in members}) == 1
                 plist.append((f, n, f.intra_bw if one_node else f.nic_bw))
             t_red = dp_reduce_time(max(params, 0) * GRAD_BYTES, plist)
+            if st.ep is not None and dp // st.ep > 1 and eparams:
+                # expert data parallel: the dp / ep copies of each expert (one per EP group, on other
+                # nodes) SUM-reduce their gradients after the dense ones, on the NIC / the bridge
+                eparts: dict[str, list] = {}
+                for r in st.reps[::st.ep]:
+                    eparts.setdefault(r.facts.name, [r.facts, 0, r.facts.nic_bw])[1] += 1
+                t_red += dp_reduce_time(eparams * GRAD_BYTES, [tuple(v) for v in eparts.values()])
         tail = t_red / max(st.n_layers, 1)
         red_end = max(last_b_start + t_red, last_b_end + tail) if dp > 1 else last_b_end
         row = []
