@@ -24,6 +24,7 @@ BF16 = 2
 GRAD_BYTES = 4          # fp32 gradients on the wire (reduce in fp32)
 ADAM_TRAFFIC = 28       # bytes read+written per parameter by a fused AdamW step (p, g, m, v fp32)
 ELEMENTWISE_PASSES = 2  # activation bytes are written once and read once by the memory-bound ops
+LOSS_COPIES = 4          # logits, log-softmax, and their gradients (s x vocab fp32 each, per row)
 BRIDGE_STAGING = 2 * 64 * 2**20   # the bridge's preallocated host/device staging slots per rank
 
 
@@ -164,8 +165,10 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
         fl = n_layers * (per_sample_dense * mb + m.seq * 2 * m.expert_params * m.top_k * routed)
     else:
         fl = n_layers * m.layer_fwd_flops() * mb
-    fl += m.head_fwd_flops() * mb if last else 0.0
-    compute_fwd = fl / (f.flops * tp)
+    # apply_plan's TP (strategies/tensor_parallel.py) shards the blocks only: the embedding, final
+    # norm, head and loss run replicated on every rank of the TP group
+    head = m.head_fwd_flops() * mb if last else 0.0
+    compute_fwd = fl / (f.flops * tp) + head / f.flops
     act = m.act_bytes(tp, False) * mb * n_layers
     elementwise = ELEMENTWISE_PASSES * act / f.memory_bw
     tp_comm = 0.0
@@ -185,14 +188,23 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     layer_p = m.layer_params
     if m.experts and experts_local is not None:
         layer_p = layer_p - m.expert_params * m.experts + m.expert_params * experts_local
-    params = n_layers * layer_p / tp + ((m.embed_params / tp) if first else 0) + ((m.embed_params / tp) if last else 0)
+    params = n_layers * layer_p / tp + (m.embed_params if first else 0) + (m.embed_params if last else 0)
     per_param = {0: 16.0, 1: 4 + 12 / dp, 2: 2 + 14 / dp, 3: 16 / dp}[zero]
     state = params * per_param
     act_keep = m.act_bytes(tp, recompute) * mb * n_layers * in_flight
-    act_work = m.act_bytes(tp, False) * mb * (1 if recompute else 0)   # one layer recomputed at a time
-    logits = (4 * m.seq * m.vocab * mb / tp) if last else 0.0
+    # backward's working set: the gradients of one layer's activations for one micro-batch (about
+    # the size of what the layer saved); under full recompute that layer's activations come back too
+    act_work = m.act_bytes(tp, False) * mb * (2 if recompute else 1)
+    # the loss on the last stage: fp32 logits, their log-softmax, and in backward the gradients of
+    # both (torch's cross_entropy; measured on emulated runs: tests/test_planner_memory.py). It and
+    # the layer working set are not live at once (the loss's backward runs before the layers'), so
+    # the larger of the two counts.
+    loss = (LOSS_COPIES * 4 * m.seq * m.vocab * mb) if last else 0.0
     zero3_gather = (m.dtype_bytes * layer_p / tp * 2) if zero == 3 else 0.0       # two layers gathered ahead
-    memory = state + act_keep + act_work + logits + zero3_gather + BRIDGE_STAGING
+    # torch DDP (zero 0, dp > 1; apply_plan's data parallel) keeps its gradient buckets apart from
+    # .grad (gradient_as_bucket_view is off): one more fp32 gradient per parameter
+    buckets = params * GRAD_BYTES if zero == 0 and dp > 1 else 0.0
+    memory = state + buckets + act_keep + max(act_work, loss) + zero3_gather + BRIDGE_STAGING
     shard = dp if zero >= 1 else 1
     optimizer = params / shard * ADAM_TRAFFIC / f.memory_bw
     return ReplicaCost(fwd=fwd, bwd=bwd, tp_comm=tp_comm, ep_comm=ep_comm, params_local=params,
