@@ -16,10 +16,23 @@ WANT="$( (cat "$ROOT/pyproject.toml" "$ROOT"/setup.py "$ROOT"/csrc/* 2>/dev/null
 # flock: several shells (or CI steps) may call this at once; one installs, the others wait.
 exec 9>"$VENV/.hal-install-lock"
 flock 9
+# Progress: what each step builds, roughly how long, a line every 15 s while it runs, and its time.
+_hal_step() {  # _hal_step "what (about how long)" command...
+  local what="$1" t0=$SECONDS tick; shift
+  echo "[venv] $what"
+  ( while sleep 15; do echo "[venv]   ... still working ($((SECONDS - t0)) s): $what"; done ) &
+  tick=$!
+  if "$@"; then kill "$tick" 2>/dev/null; wait "$tick" 2>/dev/null || true
+  else local rc=$?; kill "$tick" 2>/dev/null; wait "$tick" 2>/dev/null || true
+    echo "[venv] FAILED after $((SECONDS - t0)) s: $what"; return "$rc"; fi
+  echo "[venv]   done in $((SECONDS - t0)) s"
+}
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
-  echo "[venv] installing torch==2.13.0 and the project (editable)"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]"
+  echo "[venv] installing into $VENV (2 steps; only when pyproject.toml, setup.py or csrc/ changed)"
+  _hal_step "1/2 torch==2.13.0, CPU build (a ~200 MB download on a fresh machine, seconds when cached)" \
+    "$VENV/bin/python" -m pip install --progress-bar on --disable-pip-version-check "torch==2.13.0"
+  _hal_step "2/2 the project, editable, with its C++ shared-memory fabric hal.shm._shm (pip builds it with g++: about 30 s to 1.5 min; pip prints nothing while it compiles)" \
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]"
   echo "$WANT" > "$STAMP"
 fi
 flock -u 9
