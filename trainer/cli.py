@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", help="override log.dir (metrics, summary, checkpoints)")
     p.add_argument("--plan", help="override the plan: even, auto, or a plan file (TOML/JSON)")
     p.add_argument("--seed", type=int, help="override `seed`")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="torchrun --max-restarts: restart the job up to N times after a rank fails; each restart "
+                        "resumes from the newest complete checkpoint (docs/training.md, faults)")
 
 
 def load(args: argparse.Namespace):
@@ -64,8 +67,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"hal train: error: {exc}", file=sys.stderr)
         return 2
     if os.environ.get("TORCHELASTIC_RUN_ID") or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        from .elastic import exit_failed
         from .loop import train
-        train(cfg, log=lambda s: print(s, flush=True))
+        try:
+            train(cfg, log=lambda s: print(s, flush=True))
+        except BaseException as exc:  # exit now; torchrun restarts the job (trainer/elastic.py)
+            exit_failed(exc)
         return 0
     env = dict(os.environ)
     if cfg.cluster.emulate:
@@ -80,7 +87,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     env.setdefault("OMP_NUM_THREADS", "1")
     from hal.testing import free_port  # the one free-port helper (hal.testing exports it)
+    if getattr(args, "max_restarts", 0) < 0:
+        print(f"hal train: error: --max-restarts {args.max_restarts}: must be >= 0", file=sys.stderr)
+        return 2
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+           "--max-restarts", str(getattr(args, "max_restarts", 0)),
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "trainer.loop",
            "--config", os.path.abspath(args.config)]
     for k in _OVERRIDES:

@@ -79,6 +79,7 @@ class CheckpointSection(_Section):
     interval: int = Field(default=0, ge=0, description="steps between checkpoints; 0 = only at the end")
     resume: bool = Field(default=True, description="resume from the latest checkpoint in dir when there is one")
     enabled: bool = True
+    async_save: bool = Field(default=True, description="dcp.async_save: write in a background thread (the final one waits)")
 
 
 class LogSection(_Section):

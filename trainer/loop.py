@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from .config import TrainConfig, TrainConfigError
 from .data import VOCAB, Corpus, replica_rows, train_batch, val_batches
+from .elastic import Elastic
 
 
 def _init(cfg: TrainConfig) -> None:
@@ -143,9 +144,15 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
     dist.barrier(group=book)
 
     start = 0
-    found = ckpt.latest(ckpt_dir) if cfg.checkpoint.enabled and cfg.checkpoint.resume else None
-    if found is not None:
-        start = ckpt.load(ckpt_dir, found, run, opt, book)
+    el = Elastic(run_dir, rank, world, cfg.backend, log)  # faults and restarts (trainer/elastic.py)
+    saver = ckpt.Checkpointer(ckpt_dir, run, opt, plan, chips, cfg.timeout_s, cfg.checkpoint.async_save,
+                              el.attempt) if cfg.checkpoint.enabled else None
+    resumed = saver.resume() if saver is not None and cfg.checkpoint.resume else None
+    found = resumed.step if resumed is not None else None
+    if resumed is not None:
+        start = resumed.step
+    if rank == 0:
+        el.start(start, chips, plan.to_json(indent=None), bool(resumed and resumed.resharded))
     if rank == 0:
         log(f"hal train: {world} ranks ({', '.join(c['chip'] + (' (emulated)' if c['emulated'] else '') for c in chips)}); "
             f"model {model_cfg.name} {sum(p.numel() for p in model.parameters()):,} parameters; "
@@ -153,12 +160,16 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
         log(f"  data: {corpus.source}: {corpus.files} files, train {corpus.train.numel():,} B, "
             f"validation {corpus.val.numel():,} B; global batch {G} x {seq} bytes")
         if found is not None:
-            log(f"  resumed from {ckpt.step_dir(ckpt_dir, found)} at step {start}")
+            log(f"  resumed from {ckpt.step_dir(ckpt_dir, found)} at step {start} in {resumed.load_s:.1f} s"
+                + (f" (resharded: written by {resumed.saved_world} ranks on another plan)" if resumed.resharded else ""))
     metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8") if rank == 0 else None
     losses, val_hist = [], []
     t_run = time.perf_counter()
+    step, t0 = start, None
     try:
         for step in range(start, cfg.last_step):
+            el.before_step(step + 1)  # test-only fault injection (HAL_TRAIN_FAULT)
+            t0 = None
             lr = cfg.lr_at(step)
             if opt is not None:
                 for g in opt.param_groups:
@@ -176,7 +187,9 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
             losses.append(loss)
             done = step + 1
             rec = {"step": done, "loss": loss, "lr": lr, "tokens_per_s": G * seq / max(rank_s),
-                   "step_s": max(rank_s), "rank_step_s": rank_s}
+                   "step_s": max(rank_s), "rank_step_s": rank_s, "time": time.time()}
+            if rank == 0:
+                rec.update(el.step_done(done))  # attempt; restart (time to recover, steps lost) once recovered
             if cfg.log.val_interval and done % cfg.log.val_interval == 0 and done != cfg.last_step:
                 rec["val_loss"] = _evaluate(run, params, vals)
                 val_hist.append((done, rec["val_loss"]))
@@ -190,13 +203,19 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
                         + (f"  val {rec['val_loss']:.4f}" if "val_loss" in rec else ""))
             if (cfg.checkpoint.enabled and cfg.checkpoint.interval and done % cfg.checkpoint.interval == 0
                     and done != cfg.last_step):
-                ckpt.save(ckpt_dir, done, run, opt, book)
+                saver.save(done)  # asynchronous: returns once the state is copied
+        t0 = None
         end = max(start, cfg.last_step)
         final_val = _evaluate(run, params, vals)
         val_hist.append((end, final_val))
-        if cfg.checkpoint.enabled and end > start:
-            ckpt.save(ckpt_dir, end, run, opt, book)
+        if saver is not None:
+            if end > start:
+                saver.save(end, final=True)
+            saver.close()
         digest = _digest(run.full_parameters()) if run.active else ""
+    except BaseException as exc:
+        el.failed(step + 1, exc, None if t0 is None else time.perf_counter() - t0)
+        raise
     finally:
         if metrics is not None:
             metrics.close()
@@ -206,6 +225,11 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
                "backend": cfg.backend, "plan_source": cfg.plan.source, "plan": json.loads(plan.to_json()),
                "val_losses": val_hist, "chips": chips,
                "not_built": ["efficiency", "even_efficiency", "per-chip MFU", "grad norm", "plots"]}
+    summary["checkpoints"] = saver.saved if saver is not None else []  # step, seconds the loop blocked, async
+    summary["resumed"] = None if resumed is None else {
+        "step": resumed.step, "resharded": resumed.resharded, "saved_world": resumed.saved_world, "load_s": resumed.load_s}
+    if rank == 0:
+        summary.update(el.finish())  # restarts: steps lost, time to recover (trainer/elastic.py)
     if rank == 0:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log(f"hal train: steps {start}..{end} in {train_s:.1f} s; final validation loss {final_val:.4f} nats "
@@ -214,7 +238,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
             log(f"  rank {c['rank']}: {c['chip']:<7} {'EMULATED on this host CPU' if c['emulated'] else 'native'}"
                 f"  rows {c['rows']}")
     return {"rank": rank, "chip": acc.chip.name, "start": start, "end": end, "losses": losses,
-            "val": val_hist, "final_val_loss": final_val, "digest": digest}
+            "val": val_hist, "final_val_loss": final_val, "digest": digest, "resumed": summary["resumed"]}
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -223,7 +247,13 @@ def main(argv: Optional[list] = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     cfg = load(p.parse_args(argv))
-    train(cfg, log=lambda s: print(s, flush=True))
+    try:
+        train(cfg, log=lambda s: print(s, flush=True))
+    except BaseException as exc:  # under torchrun: exit now, torchrun restarts the job (trainer/elastic.py)
+        from .elastic import exit_failed, under_torchrun
+        if under_torchrun():
+            exit_failed(exc)
+        raise
     return 0
 
 
