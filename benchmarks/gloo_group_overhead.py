@@ -11,20 +11,13 @@ over `--repeats` runs of `--calls` calls, and the ratios.
 from __future__ import annotations
 
 import argparse
-import statistics
-import timeit
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from benchmarks.harness import median_us as _median_us
 from hal.gloo_group import StridedSafeGloo
-
-
-def _median_us(fn, calls: int, repeats: int) -> float:
-    for _ in range(min(200, calls)):
-        fn()
-    return statistics.median(timeit.timeit(fn, number=calls) / calls * 1e6 for _ in range(repeats))
 
 
 def main(argv=None) -> int:

@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 MODEL = dict(name="pred", layers=4, hidden=64, heads=4, ffn=128, vocab=256, seq=32)
 GLOBAL_BATCH = 16
 TIMEOUT_S = 120.0
-DTYPE = "float32"      # build_model's parameters and activations
+DTYPE_BYTES = 4        # build_model's parameters and activations are float32 (bytes are charged as run)
+CHARGE_DTYPE = "bfloat16"   # the dtype timed emulation charges FLOPs at (hal.timed.DEFAULT_DTYPE)
 
 
 # ---- on every rank (WorkerPool) -------------------------------------------------------------------
@@ -223,7 +224,7 @@ def predict(plan_json: str, emap: str, scale: float, link: tuple[float, float], 
     topo = Topology.from_chips(chips)
     lat, bw = link
     if timed_on:
-        facts = emulated_chip_facts(topo, scale, bw, lat, DTYPE)
+        facts = emulated_chip_facts(topo, scale, bw, lat, CHARGE_DTYPE)
     else:   # harness check: catalog figures of the real chips (nothing to compare with)
         from strategies.planner.facts import chip_facts
         facts = [chip_facts(sc) for sc in topo.sub_clusters]
@@ -231,7 +232,7 @@ def predict(plan_json: str, emap: str, scale: float, link: tuple[float, float], 
     cfg = ModelConfig(**MODEL)
     plan.check(topo, cfg)
     lay = from_plan(plan, facts, {r: topo.node_of(r) for r in range(topo.world_size)})
-    return simulate(lay, ModelFacts(cfg, dtype_bytes=4)), facts
+    return simulate(lay, ModelFacts(cfg, dtype_bytes=DTYPE_BYTES)), facts
 
 
 def main(argv=None) -> int:
@@ -254,7 +255,7 @@ def main(argv=None) -> int:
     if timed_on:
         from hal import timed
         for chip in ("cuda", "ascend", "kunlun"):
-            speeds[chip] = timed.chip_speeds(chip, DTYPE, scale)[0]
+            speeds[chip] = timed.chip_speeds(chip, CHARGE_DTYPE, scale)[0]
     else:
         speeds = {"cuda": 2.0, "ascend": 1.0, "kunlun": 1.0}
     todo = layouts(speeds)

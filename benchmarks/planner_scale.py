@@ -53,7 +53,7 @@ def main() -> int:
             batch = max(n, args.tokens // cfg.seq)
             w0, c0 = time.perf_counter(), time.process_time()
             try:
-                res = search(facts, model, batch, node_of=node_of)
+                res = search(facts, model, batch, node_of=node_of, topology=topo)
             except Exception as exc:  # report and go on: one size that fits nothing is a figure too
                 print(f"{name:10} {n:6} {batch:6} {'-':>7} {'-':>6} {'-':>6} {'-':>10} {'-':>6}  {type(exc).__name__}: {exc}")
                 continue

@@ -110,7 +110,7 @@ def main() -> int:
     p.add_argument("--queue-ms", type=float, default=100.0, help="tbf queue length in ms of line rate")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    from ccl_bridge.bench import parse_size
+    from benchmarks.harness import parse_size
     nbytes = parse_size(args.bytes)
     if args.worker:
         worker(nbytes, args.repeats)

@@ -1,7 +1,11 @@
-"""The `hal` command: `hal info`, and subcommands contributed by the packages above hal.
+"""The `hal` command: `hal info` and hal's own subcommands, and the subcommands of the layers above hal.
 
-Subcommands that live in higher layers (bridge benchmarks, conformance, the demo) are named here
-by module path and imported only when chosen, so `hal` itself imports no layer above it.
+Every subcommand is named here by module path with a one-line help, and only the chosen one is
+imported: `hal --help` lists them all from this table, importing none (nor torch), so `hal` imports no
+layer above it (tests/test_cli_imports.py checks sys.modules). A subcommand module has
+`add_arguments(parser)` and `run(args) -> int`; its docstring is its `--help` description. The
+higher layers' commands live in commands/ (bench, demo, conformance), trainer/, strategies/planner/
+and testbed/; a subcommand whose package is not installed says so when chosen (exit 2).
 """
 from __future__ import annotations
 
@@ -17,10 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("hal.cli_cluster", "validate a cluster spec and show its rank layout: `hal cluster show FILE`"),
     "ops-check": ("hal.cli_ops_check", "run every HAL op on every discovered chip (emulated) against the reference"),
     "new-plugin": ("hal.cli_new_plugin", "write a ready-to-install plugin package for a new chip"),
-    "bench": ("ccl_bridge.cli_bench", "benchmarks: `hal bench comm` prints an nccl-tests style table"),
-    "demo": ("hal.cli_demo", "the main job: train on an emulated mixed cluster (the README's run command)"),
+    "bench": ("commands.bench", "benchmarks: `hal bench comm` prints an nccl-tests style table"),
+    "demo": ("commands.demo", "the main job: train on an emulated mixed cluster (the README's run command)"),
     "train": ("trainer.cli", "train a model on a (mixed) cluster from a TOML config: `hal train --config FILE`"),
-    "conformance": ("conformance.cli", "run the conformance suite against a plugin"),
+    "conformance": ("commands.conformance", "run the conformance suite against a plugin"),
     "plan": ("strategies.planner.cli_plan", "find the best layout of a model over a mixed cluster (cost model + simulator)"),
     "simulate": ("strategies.planner.cli_simulate", "predict one training step of a given plan"),
     "testbed": ("testbed.cli", "multi-host test bed (root): hosts as namespaces, one shaped NIC per rank: up|run|exec|status|down"),
@@ -38,23 +42,49 @@ examples:
   hal info --json
   HAL_EMULATE=ascend hal ops-check
   hal demo
+  hal COMMAND --help            a subcommand's own options
 """
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable]]:
+class MissingSubcommandError(Exception):
+    """The chosen subcommand's package is not installed (or does not import); the message names both."""
+
+
+def _chosen(argv: list[str]) -> Optional[str]:
+    """The subcommand named in argv: the first argument that is not an option (hal's own options are
+    only -h/--help, which take no value)."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in SUBCOMMANDS else None
+    return None
+
+
+def _load(name: str):
+    module_name = SUBCOMMANDS[name][0]
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise MissingSubcommandError(
+                f"hal {name}: its module {module_name} is not installed (no module {exc.name!r}); install the "
+                f"package that provides it (`pip install -e .` in this repository installs every layer)") from None
+        raise
+
+
+def build_parser(chosen: Optional[str] = None) -> tuple[argparse.ArgumentParser, dict[str, Callable]]:
+    """The parser, with every subcommand listed from SUBCOMMANDS; only `chosen` (if any) is imported and
+    given its arguments. Returns (parser, {chosen: its run}); `hal --help` passes chosen=None."""
     parser = argparse.ArgumentParser(
         prog="hal", description="Heterogeneous-accelerator abstraction layer: one contract for NVIDIA, "
         "Ascend and Kunlun chips (and yours), mixed in one torch.distributed job.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     runners: dict[str, Callable] = {}
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue  # that layer is not installed (or not built yet): no such subcommand
-            raise
+    for name, (_, help_text) in SUBCOMMANDS.items():
+        if name != chosen:
+            sub.add_parser(name, help=help_text, description=help_text)
+            continue
+        module = _load(name)
         p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip(),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
@@ -63,7 +93,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable]]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser, runners = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        parser, runners = build_parser(_chosen(argv))
+    except MissingSubcommandError as exc:
+        print(f"hal: error: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()

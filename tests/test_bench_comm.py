@@ -5,7 +5,10 @@ import json
 import pytest
 import torch
 
-from ccl_bridge.bench import BenchError, OpCase, bus_factor, parse_size, size_ladder
+from benchmarks.comm import OpCase
+from benchmarks.harness import BenchError, parse_size, size_ladder
+from hal.efficiency import UnknownCollectiveError
+from hal.efficiency import busbw_factor as bus_factor
 from hal.cli import main
 
 BACKEND = "hetero"
@@ -16,7 +19,7 @@ def test_nccl_tests_bus_factors():
     assert bus_factor("all_reduce", 4) == pytest.approx(1.5)
     assert bus_factor("all_gather", 4) == bus_factor("reduce_scatter", 4) == bus_factor("all_to_all", 4) == 0.75
     assert bus_factor("broadcast", 4) == bus_factor("reduce", 8) == bus_factor("send_recv", 2) == 1.0
-    with pytest.raises(BenchError, match="unknown op 'gather'"):
+    with pytest.raises(UnknownCollectiveError, match="unknown op 'gather'"):
         bus_factor("gather", 4)
 
 

@@ -3,7 +3,7 @@ trains the hal.ops transformer, then rank 0 replays the same model and data in o
 prints the loss curve side by side and the max abs difference of the final parameters.
 
 Run it under torchrun (`hal demo` does that for you):
-    HAL_EMULATE=cuda:2,ascend:2 torchrun --nproc-per-node 4 -m strategies.demo_job --steps 300
+    HAL_EMULATE=cuda:2,ascend:2 torchrun --nproc-per-node 4 -m commands.demo_job --steps 300
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ MODEL_SEED, DATA_SEED = 0, 1
 
 
 def parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m strategies.demo_job", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m commands.demo_job", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--global-batch", type=int, default=16, help="sequences per step over all ranks")
@@ -112,10 +112,7 @@ def main(argv=None) -> int:
     dist.broadcast(ref0, src=0)
     spread = torch.tensor([(flat - ref0).abs().max().item()])
     dist.all_reduce(spread, op=dist.ReduceOp.MAX)
-    if args.backend != "hetero":
-        # TEMPORARY: destroying a default `hetero` group aborts the process at exit ("terminate called
-        # without an active exception", SIGABRT) in ccl_bridge as of 3641d49; exiting without it is clean.
-        dist.destroy_process_group()
+    dist.destroy_process_group()  # hetero included: tests/test_hetero_destroy.py holds that it exits cleanly
     if rank != 0:
         return 0
 

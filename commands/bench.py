@@ -14,7 +14,10 @@ examples:
   hal bench comm --stages --max-bytes 64M            # hetero vs its own stage model
   hal bench comm --baseline gloo --max-bytes 64M     # hetero and flat gloo in one job, with ratios
   hal bench comm --op all_to_all --uneven --baseline gloo   # MoE-like uneven all_to_all splits
-  torchrun --nnodes 2 --nproc-per-node 8 ... -m ccl_bridge.cli_bench comm --backend hetero   # real nodes
+  torchrun --nnodes 2 --nproc-per-node 8 ... -m commands.bench comm --backend hetero   # real nodes
+
+The measurement is benchmarks/comm.py on the harness benchmarks/harness.py (sizes, medians, nccl-tests
+bus bandwidth from hal.efficiency, the table), which every benchmark in benchmarks/ shares.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_comm_arguments(c: argparse.ArgumentParser) -> None:
-    from .bench import BACKENDS, DTYPES, OPS
+    from benchmarks.comm import BACKENDS, DTYPES, OPS
     c.add_argument("--op", default="all_reduce", choices=OPS, help="collective (default all_reduce)")
     c.add_argument("--backend", default="hetero", choices=BACKENDS,
                    help="group under test: gloo = flat gloo over every rank (today's mixed-cluster "
@@ -50,7 +53,7 @@ def add_comm_arguments(c: argparse.ArgumentParser) -> None:
                    help="largest message (default 16M: the default run takes seconds, not minutes; "
                         "nccl-tests' usual -e 256M works too)")
     c.add_argument("--step-factor", "-f", type=float, default=2.0, help="size multiplier (default 2)")
-    c.add_argument("--dtype", "-d", default="float32", choices=sorted(DTYPES), help="default float32")
+    c.add_argument("--dtype", "-d", default="float32", choices=DTYPES, help="default float32")
     c.add_argument("--iters", "-n", type=int, default=8, help="operations per timed repeat (default 8)")
     c.add_argument("--warmup", "-w", type=int, default=2, help="untimed operations per size (default 2)")
     c.add_argument("--repeats", "-r", type=int, default=5,
@@ -100,17 +103,11 @@ def _argv(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _default_emulate(nproc):
     if nproc is None or nproc == 4:
         return DEFAULT_EMULATE
     if nproc < 2:
-        from .bench import BenchError
+        from benchmarks.harness import BenchError
         raise BenchError(f"--nproc {nproc}: a collective benchmark needs at least 2 ranks")
     return f"cuda:{(nproc + 1) // 2},ascend:{nproc // 2}"
 
@@ -118,7 +115,7 @@ def _default_emulate(nproc):
 def check(args: argparse.Namespace, environ: dict) -> tuple[int, dict]:
     """Every flag, chip variable and output path, before torchrun starts (hal.launch_check)."""
     from hal.launch_check import LaunchError, check_float, check_int, check_output_path, plan_ranks
-    from .bench import parse_size, size_ladder
+    from benchmarks.harness import parse_size, size_ladder
     check_int("--iters", args.iters, 1, 100_000)
     check_int("--warmup", args.warmup, 0, 100_000)
     check_int("--repeats", args.repeats, 1, 1_000)
@@ -146,10 +143,11 @@ def check(args: argparse.Namespace, environ: dict) -> tuple[int, dict]:
 def launch(args: argparse.Namespace) -> int:
     """Re-run this command under torchrun on this machine; returns torchrun's exit code."""
     from hal.launch_check import run_ranks
+    from hal.testing import free_port
     nproc, env = check(args, os.environ)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-           "-m", "ccl_bridge.cli_bench", *_argv(args)]
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           "-m", "commands.bench", *_argv(args)]
     print(f"# launching {nproc} ranks: HAL_EMULATE={env.get('HAL_EMULATE', '')} "
           f"{' '.join(shlex.quote(c) for c in cmd[1:])}", flush=True)
     return run_ranks("hal bench comm", cmd, env)
@@ -160,10 +158,10 @@ def run(args: argparse.Namespace) -> int:
         print("usage: hal bench comm [options]  (see `hal bench comm --help`)", file=sys.stderr)
         return 2
     if args.uneven and args.op != "all_to_all":
-        from .bench import BenchError
+        from benchmarks.harness import BenchError
         raise BenchError(f"--uneven applies to --op all_to_all only, got --op {args.op}")
     if args.stages and (args.backend != "hetero" or args.op != "all_reduce"):
-        from .bench import BenchError
+        from benchmarks.harness import BenchError
         raise BenchError(f"--stages models the bridge's all_reduce: it needs --backend hetero --op all_reduce, "
                          f"got --backend {args.backend} --op {args.op}")
     if not _under_torchrun():
@@ -178,8 +176,8 @@ def worker(args: argparse.Namespace) -> int:
 
     import hal
 
-    from .bench import (HEADER, bus_factor, format_row, human_bytes, make_group, measure, parse_size,
-                        size_ladder, stage_model, summary)
+    from benchmarks.comm import make_group, measure, stage_model
+    from benchmarks.harness import HEADER, format_row, human_bytes, parse_size, size_ladder, summary
 
     timeout = datetime.timedelta(seconds=args.timeout)
     sizes = size_ladder(parse_size(args.min_bytes), parse_size(args.max_bytes), args.step_factor)
@@ -191,7 +189,7 @@ def worker(args: argparse.Namespace) -> int:
         dist.all_gather_object(chips, (acc.chip.name, acc.emulated))
         gut = make_group(args.backend, chips, timeout)
         if rank == 0:
-            _print_preamble(args, chips, gut, sizes, human_bytes, bus_factor)
+            _print_preamble(args, chips, gut, sizes, human_bytes)
             print(HEADER, flush=True)
         show_group = len(gut.all_groups) > 1
 
@@ -243,8 +241,10 @@ def _chips_text(chips: list) -> str:
     return ", ".join(f"{k} x{v}" for k, v in counts.items())
 
 
-def _print_preamble(args, chips, gut, sizes, human_bytes, bus_factor) -> None:
+def _print_preamble(args, chips, gut, sizes, human_bytes) -> None:
     import torch
+
+    from hal.efficiency import busbw_factor
     n = len(gut.members)
     emulated = any(e for _, e in chips)
     print(f"# hal bench comm: {args.op}{' (uneven splits)' if args.uneven else ''} on backend {args.backend}, "
@@ -258,7 +258,7 @@ def _print_preamble(args, chips, gut, sizes, human_bytes, bus_factor) -> None:
               f"{', '.join(f'{k} = ranks {v}' for k, v in gut.all_groups.items())}")
     print(f"# sizes {human_bytes(sizes[0])} .. {human_bytes(sizes[-1])} x{args.step_factor:g}, dtype {args.dtype}, "
           f"{args.warmup} warmup, median of {args.repeats} repeats x {args.iters} iters (slowest rank per repeat); "
-          f"busbw factor {bus_factor(args.op, n):.3f} for n={n}; torch {torch.__version__}")
+          f"busbw factor {busbw_factor(args.op, n):.3f} for n={n}; torch {torch.__version__}")
 
 
 def _print_stages(stages, rows) -> None:
@@ -281,17 +281,12 @@ def _print_stages(stages, rows) -> None:
 
 
 def _print_baseline(args, rows, base_rows) -> None:
-    by_size: dict = {}
-    for r in base_rows:  # vendor on a mixed cluster: one row per sub-cluster; the slowest counts
-        by_size[r.size_bytes] = max(by_size.get(r.size_bytes, 0.0), r.time_us)
+    from benchmarks.harness import comparison_lines
     print(f"# {args.baseline} measured in the same job, size by size; speedup = {args.baseline} time / "
-          f"{args.backend} time (> 1: {args.backend} is faster)")
-    print("#{:>12} {:>14} {:>14} {:>8} {:>7}".format("size", f"{args.backend}(us)", f"{args.baseline}(us)",
-                                                    "speedup", "#wrong"))
-    for r in rows:
-        b = by_size.get(r.size_bytes)
-        wrong = sum(x.wrong for x in base_rows if x.size_bytes == r.size_bytes)
-        print(" {:>12} {:>14.1f} {:>14.1f} {:>8.2f} {:>7}".format(r.size_bytes, r.time_us, b, b / r.time_us, wrong))
+          f"{args.backend} time (> 1: {args.backend} is faster; a backend with one group per sub-cluster "
+          f"counts its slowest group)")
+    for line in comparison_lines(rows, base_rows, args.backend, args.baseline):
+        print(line)
 
 
 def _report(args, chips, gut, rows, s, stages=None, base_rows=()) -> dict:
@@ -311,9 +306,9 @@ def _report(args, chips, gut, rows, s, stages=None, base_rows=()) -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    from benchmarks.harness import BenchError
     from hal.errors import HalError
-    from .bench import BenchError
-    p = argparse.ArgumentParser(prog="python -m ccl_bridge.cli_bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m commands.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     args = p.parse_args(argv)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .checks import LEVELS
+from conformance.checks import LEVELS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,9 +68,9 @@ def _check_flags(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .checks import parse_levels
-    from .suite import discover, run_suite
-    from .target import load_target
+    from conformance.checks import parse_levels
+    from conformance.suite import discover, run_suite
+    from conformance.target import load_target
     try:
         levels = parse_levels(args.level)
     except ValueError as exc:
@@ -82,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
         outputs = _check_flags(args)  # before any plugin is loaded or rank started (hal.launch_check)
     except HalError as exc:
         return fail("hal conformance", exc)
-    from .bounds import hard_bound
-    from .target import default_nproc
+    from conformance.bounds import hard_bound
+    from conformance.target import default_nproc
     target = load_target(args.plugin, chip=args.chip, emulate=args.emulate, nproc=args.nproc or 2,
                          group_timeout_s=args.timeout)
     if args.nproc is None:
@@ -107,8 +107,10 @@ def run(args: argparse.Namespace) -> int:
 
     tag = "EMULATED" if target.emulated else "native"
     print(f"hal conformance: plugin {target.plugin_name}, chip {target.chip} ({tag}), levels "
-          f"{','.join(levels)}, {target.nproc} ranks (collectives at world sizes "
-          f"{', '.join(map(str, target.world_sizes))}); ends within {hard_bound(levels, args.timeout) / 60:.0f} min "
+          f"{','.join(levels)}, {target.nproc} rank(s) ("
+          + (f"collectives at world sizes {', '.join(map(str, target.world_sizes))}" if target.world_sizes
+             else "multi-rank checks skipped: they need --nproc >= 2")
+          + f"); ends within {hard_bound(levels, args.timeout) / 60:.0f} min "
           f"whatever the plugin does", flush=True)
     report = run_suite(target, levels, args.select, on_result=show)
     if args.json:
@@ -127,8 +129,12 @@ def run(args: argparse.Namespace) -> int:
     for flag, path in outputs.items():
         if getattr(args, flag) and (flag != "efficiency" or report.efficiency_matrix is not None):
             print(f"hal conformance: --{flag} written to {path}")
+    if not outputs:
+        print("hal conformance: no report file written (--report FILE.md|.html or --json FILE.json keeps one)")
     if not report.ok:
         return 1
     if args.fail_on_skip and report.summary["skipped"]:
+        print(f"hal conformance: exit code 1: --fail-on-skip and {report.summary['skipped']} check(s) skipped "
+              f"(reasons above)")
         return 1
     return 0

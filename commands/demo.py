@@ -17,14 +17,14 @@ fails, the first failing rank's error is printed once, with the path of the full
 
 exit codes: 0 trained with parity; 1 parity failed or a rank failed; 2 bad input (nothing started).
 
-The training code is the module `strategies.demo_job`, started by name in the torchrun ranks, so the
-`hal` layer imports nothing above it.
+The training code is the module `commands.demo_job`, started by name in the torchrun ranks. Both live
+in commands/, above every library package, so `hal` (which names this module in its subcommand table
+and imports it only when `hal demo` is chosen) imports nothing above it.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
 
@@ -48,17 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="collective timeout in seconds (default 120)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _default_emulate(nproc):
     """--nproc N alone: half cuda, half ascend (4 ranks: the default map)."""
     n = 4 if nproc is None else nproc
     if n < 2:
-        from .launch_check import LaunchError
+        from hal.launch_check import LaunchError
         raise LaunchError(f"--nproc {n}: the default mixed cluster needs at least 2 ranks (one cuda, one "
                           f"ascend); for one rank name its chip, e.g. --emulate cuda:1")
     return DEFAULT_EMULATE if n == 4 else f"cuda:{(n + 1) // 2},ascend:{n // 2}"
@@ -67,7 +61,7 @@ def _default_emulate(nproc):
 def plan(args: argparse.Namespace, environ: dict) -> tuple:
     """(nproc, env for the ranks, how the chips were chosen, (chip, emulated) per rank): every flag and
     chip variable checked here, before torchrun starts (hal.launch_check; LaunchError names the flag or variable)."""
-    from .launch_check import check_float, check_int, plan_ranks
+    from hal.launch_check import check_float, check_int, plan_ranks
     check_int("--steps", args.steps, 1, 10_000_000)
     check_int("--global-batch", args.global_batch, 1, 1_000_000)
     check_float("--tolerance", args.tolerance, 0.0)
@@ -79,8 +73,9 @@ def plan(args: argparse.Namespace, environ: dict) -> tuple:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .errors import HalError
-    from .launch_check import fail, run_ranks
+    from hal.errors import HalError
+    from hal.launch_check import fail, run_ranks
+    from hal.testing import free_port
     try:
         nproc, env, source, chips = plan(args, os.environ)
     except HalError as exc:
@@ -94,11 +89,11 @@ def run(args: argparse.Namespace) -> int:
               f"host's CPU ({os.cpu_count()} cores), with the CPU fabric standing in for its vendor CCL; "
               f"the `{args.backend}` group bridges the sub-clusters exactly as it would real ones.")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-           "-m", "strategies.demo_job", "--steps", str(args.steps), "--global-batch", str(global_batch),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           "-m", "commands.demo_job", "--steps", str(args.steps), "--global-batch", str(global_batch),
            "--backend", args.backend, "--tolerance", str(args.tolerance), "--timeout", str(args.timeout)]
     print(f"  launching: HAL_EMULATE={env.get('HAL_EMULATE', '')} torchrun --nproc-per-node {nproc} "
-          f"-m strategies.demo_job --steps {args.steps} --global-batch {global_batch} --backend {args.backend}",
+          f"-m commands.demo_job --steps {args.steps} --global-batch {global_batch} --backend {args.backend}",
           flush=True)
     t0 = time.perf_counter()
     code = run_ranks("hal demo", cmd, env)

@@ -1,14 +1,13 @@
-"""Collective benchmark in the style of nccl-tests: time, algbw, busbw and #wrong per message size.
+"""Collective measurement in the style of nccl-tests over torch.distributed: time, algbw, busbw and
+#wrong per message size, on any process group (gloo, hetero, shm, each chip's own CCL).
 
-Runs inside an initialised torch.distributed job (torchrun). The default group is a gloo *control*
-group (barriers, gathering timings and error counts) so the group under test carries nothing but the
-collective being measured. Conventions follow nccl-tests (doc/PERFORMANCE.md):
+Runs inside an initialised torch.distributed job (torchrun, or hal.testing.WorkerPool ranks). The
+default group is a gloo *control* group (barriers, gathering timings and error counts) so the group
+under test carries nothing but the collective being measured. Sizes, medians, bandwidths and the
+table are the harness's (`benchmarks.harness`, nccl-tests conventions):
 
-* size is the total message in bytes: the buffer of all_reduce / broadcast / reduce, the gathered
-  output of all_gather, the input of reduce_scatter, the send buffer of all_to_all; count = size / the
-  dtype's bytes (rounded down to a multiple of the group size where the op splits it);
-* algbw = size / time; busbw = algbw x factor: all_reduce 2(n-1)/n; all_gather, reduce_scatter,
-  all_to_all (n-1)/n; broadcast, reduce, send/recv 1;
+* count = size / the dtype's bytes (rounded down to a multiple of the group size where the op
+  splits it);
 * time is per operation: each repeat runs `iters` operations back to back (each waited) between
   barriers; a repeat's time is the slowest rank's; the table shows the median over repeats;
 * `uneven` (all_to_all only): rank r sends (1 + (r + j) mod n) / (n (n + 1) / 2) of its buffer to
@@ -19,96 +18,25 @@ collective being measured. Conventions follow nccl-tests (doc/PERFORMANCE.md):
 """
 from __future__ import annotations
 
-import math
-import re
-import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
-from hal.errors import HalError
+from hal.capabilities import torch_dtype
+
+from .harness import BenchError, Row, bandwidths, slowest_median
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 BACKENDS = ("gloo", "hetero", "shm", "vendor")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32,
-          "int64": torch.int64}
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int32", "int64")  # hal's names
 _SPLITS = ("all_gather", "reduce_scatter", "all_to_all")  # ops whose count splits over the ranks
 # torch 2.13 renamed the single-tensor variants (the old names warn); older torch has only the old ones
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-class BenchError(HalError, ValueError):
-    """A benchmark request that cannot run as given; the message names the option and value."""
-
-
-def bus_factor(op: str, n: int) -> float:
-    """nccl-tests' busbw / algbw for `op` on `n` ranks."""
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in _SPLITS:
-        return (n - 1) / n
-    if op in ("broadcast", "reduce", "send_recv"):
-        return 1.0
-    raise BenchError(f"bus_factor: unknown op {op!r}; expected one of {OPS}")
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgKMG]?)(i?[bB]?)\s*$")
-
-
-def parse_size(text: str) -> int:
-    """'4K' -> 4096, '256M' -> 268435456, '1G', '1024' (binary multiples, as nccl-tests)."""
-    m = _SIZE.match(str(text))
-    if not m:
-        raise BenchError(f"size {text!r} is not a byte count like 4096, 4K, 64M or 1G")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
-    return int(float(m.group(1)) * scale)
-
-
-def size_ladder(min_bytes: int, max_bytes: int, factor: float = 2.0) -> list[int]:
-    """min, min*factor, ... up to max (inclusive)."""
-    if min_bytes < 1 or max_bytes < min_bytes:
-        raise BenchError(f"sizes: need 1 <= --min-bytes ({min_bytes}) <= --max-bytes ({max_bytes})")
-    if factor <= 1.0:
-        raise BenchError(f"--step-factor must be > 1, got {factor}")
-    sizes, s = [], float(min_bytes)
-    while s <= max_bytes * (1 + 1e-9):
-        sizes.append(int(s))
-        s *= factor
-    return sizes
-
-
-def human_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
-
-
-@dataclass
-class Row:
-    """One line of the table; `repeats_us` keeps every repeat's time behind the median."""
-
-    op: str
-    size_bytes: int
-    count: int
-    dtype: str
-    redop: str
-    root: int
-    time_us: float
-    algbw_GBps: float
-    busbw_GBps: float
-    wrong: int
-    repeats_us: list = field(default_factory=list)
-    group: str = "world"
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 # ---- buffers, the operation, and the correctness check ------------------------------------------
@@ -323,13 +251,13 @@ def measure(op: str, sizes: list[int], dtype_name: str, gut: GroupUnderTest, ite
     An `idle` rank takes part in the barriers and the gathering of results but runs no operation
     (its group's row is then meaningless: the stage model uses it for ranks off the leader rail)."""
     if dtype_name not in DTYPES:
-        raise BenchError(f"--dtype {dtype_name!r}: expected one of {sorted(DTYPES)}")
+        raise BenchError(f"--dtype {dtype_name!r}: expected one of {list(DTYPES)}")
     for name, value in (("--iters", iters), ("--repeats", repeats)):
         if value < 1:
             raise BenchError(f"{name} must be >= 1, got {value}")
     if warmup < 0:
         raise BenchError(f"--warmup must be >= 0, got {warmup}")
-    dtype = DTYPES[dtype_name]
+    dtype = torch_dtype(dtype_name)
     device = device or torch.device("cpu")
     n = len(gut.members)
     rank_in = gut.members.index(dist.get_rank())
@@ -360,16 +288,15 @@ def measure(op: str, sizes: list[int], dtype_name: str, gut: GroupUnderTest, ite
         per_group = []
         for label, members in gut.all_groups.items():
             stacked = torch.stack([everyone[r] for r in members])
-            slowest = stacked[:, :repeats].max(dim=0).values.tolist()  # per repeat, the slowest rank
-            t = statistics.median(slowest)
+            t, slowest = slowest_median(stacked[:, :repeats].tolist())
             m = len(members)
             c = _count_for(op, size, dtype, m)
             nbytes = c * torch.empty((), dtype=dtype).element_size()
-            algbw = nbytes / t / 1e9
+            algbw, busbw = bandwidths(op, nbytes, t, m)
             per_group.append(Row(op=op, size_bytes=nbytes, count=c, dtype=dtype_name,
                                  redop="sum" if op in ("all_reduce", "reduce_scatter", "reduce") else "none",
                                  root=0 if op in ("broadcast", "reduce") else -1, time_us=t * 1e6,
-                                 algbw_GBps=algbw, busbw_GBps=algbw * bus_factor(op, m),
+                                 algbw_GBps=algbw, busbw_GBps=busbw,
                                  wrong=int(stacked[:, repeats].sum().item()),
                                  repeats_us=[x * 1e6 for x in slowest], group=label))
         rows.extend(per_group)
@@ -377,28 +304,6 @@ def measure(op: str, sizes: list[int], dtype_name: str, gut: GroupUnderTest, ite
             on_row(per_group)
         del case
     return rows
-
-
-# ---- the table -----------------------------------------------------------------------------------
-
-HEADER = ("#{:>12} {:>12} {:>9} {:>6} {:>5} {:>11} {:>8} {:>8} {:>7}".format(
-    "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong") + "\n" +
-    "#{:>12} {:>12} {:>9} {:>6} {:>5} {:>11} {:>8} {:>8} {:>7}".format(
-    "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""))
-
-
-def format_row(row: Row, show_group: bool = False) -> str:
-    line = " {:>12} {:>12} {:>9} {:>6} {:>5} {:>11.1f} {:>8.3f} {:>8.3f} {:>7}".format(
-        row.size_bytes, row.count, row.dtype, row.redop, row.root, row.time_us, row.algbw_GBps,
-        row.busbw_GBps, row.wrong)
-    return line + (f"  {row.group}" if show_group else "")
-
-
-def summary(rows: list[Row]) -> dict:
-    """Out-of-bounds count and the average busbw, as nccl-tests prints at the end."""
-    bus = [r.busbw_GBps for r in rows]
-    return {"wrong_total": sum(r.wrong for r in rows),
-            "avg_busbw_GBps": sum(bus) / len(bus) if bus else math.nan}
 
 
 # ---- the bridge's own model: its stages timed one by one -------------------------------------------
@@ -430,7 +335,7 @@ def stage_model(sizes: list[int], dtype_name: str, chips: list[tuple[str, bool]]
     sub-cluster's vendor group at once, every rail at once), choosing the path by size as the bridge
     does (`HAL_BRIDGE_SMALL_BYTES`). Emulated chips keep tensors in host memory, so there is no
     device<->host copy to time. Returns None for sub-clusters of different sizes (every rank agrees)."""
-    from .config import BridgeConfig
+    from ccl_bridge.config import BridgeConfig
     small = BridgeConfig.from_env().small_bytes
     rails = rail_groups(chips, timeout)
     if rails is None:
