@@ -147,6 +147,12 @@ def create_cpu_process_group(store: dist.Store, rank: int, world_size: int,
     return StridedSafeGloo(store, rank, world_size, timeout)
 
 
+def dilation_requested(env: Optional[dict] = None) -> bool:
+    """Whether HAL_EMULATE_DILATION asks for speed dilation (unset, '', 0, false, no, off: not)."""
+    env = os.environ if env is None else env
+    return (env.get("HAL_EMULATE_DILATION") or "0").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 def dilation_for(chip_peak: Optional[float], peers_peak: list[Optional[float]]) -> float:
     """Slow-down factor: fastest known peer peak / this chip's peak (1 if either is unknown)."""
     known = [p for p in peers_peak if p]

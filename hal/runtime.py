@@ -6,7 +6,7 @@ Names follow `torch.accelerator` / `torch.cuda`. Which class a plugin returns fr
   (torch.cpu, torch.mps) is refused with `NotSupportedError` naming each missing function, unless a
   subclass defines those methods itself.
 - `CpuRuntime()`: the chip computes on host (CPU) tensors; it serves the `cpu` chip, a vendor chip
-  whose device type is `cpu`, and (as `EmulatedRuntime`) every emulated chip.
+  whose device type is `cpu`, and (as `EmulatedRuntime`) every emulated chip (timed: hal.timed).
 - a `DeviceRuntime` subclass: anything else (every method below).
 """
 from __future__ import annotations
@@ -262,22 +262,56 @@ class CpuRuntime(DeviceRuntime):
         return tensor.contiguous()
 
 
-class EmulatedRuntime(CpuRuntime):
-    """A chip emulated on the host, optionally slowed to the chip's speed.
+class TimedEvent(CpuEvent):
+    """An event on a timed-emulated chip: it records where the emulated device's work ends (the
+    virtual clock's device_t), so `elapsed_time` between two events is the emulated device's time;
+    `synchronize` waits (sleeps) until the device reaches the event. `EmulatedRuntime` makes a
+    subclass per clock (`Event`), so events are made like torch.cuda.Event(enable_timing=True)."""
 
-    With `dilation` d > 1, `synchronize()` sleeps (d - 1) x the process CPU time used since the last
-    synchronize, so a chip with a fraction 1/d of another's peak takes about d times the wall time.
+    _clock: Any = None
+
+    def record(self, stream: Optional[CpuStream] = None) -> None:
+        self._t = self._clock.device_time()
+
+    def query(self) -> bool:
+        return self._t is not None and time.perf_counter() >= self._t
+
+    def synchronize(self) -> None:
+        if self._t is not None:
+            self._clock.sync(until=self._t)
+
+
+class EmulatedRuntime(CpuRuntime):
+    """A chip emulated on the host, optionally slowed to the chip's speed: by a timed clock or by dilation.
+
+    `clock` (a `hal.timed.VirtualClock`, HAL_EMULATE_TIMED=1): every op is charged to the clock and
+    `synchronize()` sleeps until the emulated device has finished what it was charged (hal.timed);
+    events record the device's time. With `dilation` d > 1 instead (HAL_EMULATE_DILATION=1),
+    `synchronize()` sleeps (d - 1) x the process CPU time used since the last synchronize, so a chip
+    with a fraction 1/d of another's peak takes about d times the wall time on an idle host (not under
+    contention: CPU time then understates the wall time a step takes). The two are exclusive.
     """
 
-    def __init__(self, chip: str, dilation: float = 1.0) -> None:
+    def __init__(self, chip: str, dilation: float = 1.0, clock: Any = None) -> None:
         super().__init__()
         if dilation < 1.0:
             raise ValueError(f"emulation dilation for chip {chip!r} must be >= 1, got {dilation}")
+        if clock is not None and dilation != 1.0:
+            from .timed import TimedEmulationError
+            raise TimedEmulationError(f"chip {chip!r}: timed emulation (a clock) and dilation {dilation} are "
+                                      f"exclusive; use one (HAL_EMULATE_TIMED or HAL_EMULATE_DILATION)")
         self.chip = chip
         self.dilation = dilation
+        self.clock = clock
         self._last_cpu = time.process_time()
-        if dilation > 1.0:
+        if clock is not None:
+            self.synchronize = self._timed_synchronize  # type: ignore[method-assign]
+            self.Event = type("TimedEvent", (TimedEvent,), {"_clock": clock})
+        elif dilation > 1.0:
             self.synchronize = self._dilated_synchronize  # type: ignore[method-assign]
+
+    def _timed_synchronize(self, index: Optional[int] = None) -> None:
+        self.clock.sync()
 
     def _dilated_synchronize(self, index: Optional[int] = None) -> None:
         now = time.process_time()

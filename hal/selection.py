@@ -15,6 +15,7 @@ After binding, every method below is a plain attribute copied from the runtime: 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,7 +28,7 @@ from . import ops as _ops
 from .capabilities import CapabilityMatrix
 from .chips import ChipProfile, ChipSpec
 from .emulation import (chips_in_map, create_cpu_process_group, emulated_capabilities,
-                        emulated_chip_for_rank, dilation_for)
+                        emulated_chip_for_rank, dilation_for, dilation_requested)
 from .errors import ChipSelectionError, ChipUnavailableError
 from .ops.kernel import OP_NAMES, OpKernel
 from .plugin_manager import PluginManager, get_plugin_manager
@@ -120,7 +121,12 @@ class Accelerator:
         self._pm = pm
         if self.emulated:
             self.profile: ChipProfile = pm.profile(selection.chip, selection.model)
-            runtime: DeviceRuntime = EmulatedRuntime(self.chip.name, self._dilation(pm, env))
+            clock = _timed_clock(self.chip.name, self.profile, env)
+            runtime: DeviceRuntime = EmulatedRuntime(self.chip.name, 1.0 if clock else self._dilation(pm, env),
+                                                     clock=clock)
+            if clock is not None:
+                from . import timed
+                timed.install(clock)  # charge this thread's ops to the emulated chip from now on
             self.capabilities: CapabilityMatrix = emulated_capabilities(pm.capabilities(selection.chip))
         else:
             if not pm.native_available(selection.chip):
@@ -164,7 +170,7 @@ class Accelerator:
         self.kernels: dict[str, OpKernel] = self._select_kernels(pm)
 
     def _dilation(self, pm: PluginManager, env: dict) -> float:
-        if (env.get("HAL_EMULATE_DILATION") or "0").strip() in ("", "0", "false", "no", "off"):
+        if not dilation_requested(env):
             return 1.0
         # Peers: the chips this job mixes, from HAL_EMULATE or else the cluster spec (with models).
         emulate = (env.get("HAL_EMULATE") or "").strip()
@@ -251,6 +257,19 @@ def agree_group_identity(store: Any, rank: int, world_size: int, timeout: timede
     return store.get(keys[0]).decode(), [int(store.get(k)) for k in keys[1:]]
 
 
+def _timed_clock(chip: str, profile: ChipProfile, env: dict):
+    """The timed-emulation clock HAL_EMULATE_TIMED asks for (hal.timed), or None; with
+    HAL_EMULATE_DILATION also on, a TimedEmulationError (the two slow a chip down two different ways)."""
+    from . import timed
+    if not timed.timed_requested(env):
+        return None
+    if dilation_requested(env):
+        raise timed.TimedEmulationError(
+            f"HAL_EMULATE_TIMED={env.get('HAL_EMULATE_TIMED')!r} and HAL_EMULATE_DILATION="
+            f"{env.get('HAL_EMULATE_DILATION')!r} are exclusive: timed emulation replaces dilation (unset one)")
+    return timed.clock_from_env(chip, profile, env)
+
+
 def _device_name(runtime: DeviceRuntime) -> Optional[str]:
     fn = getattr(runtime, "device_name", None)
     return fn() if callable(fn) else None
@@ -296,3 +315,5 @@ def reset() -> None:
     global _BOUND
     _BOUND = None
     _ops.unbind()
+    if "hal.timed" in sys.modules:  # stop charging a timed-emulation clock (tests rebind)
+        sys.modules["hal.timed"].uninstall()

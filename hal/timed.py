@@ -1,0 +1,553 @@
+"""Timed emulation: an emulated chip's compute takes the wall time its figures say, whatever the host's load.
+
+Every aten op a process runs on its (emulated) chip is charged to a per-process `VirtualClock`:
+
+    cost(op) = max(flops(op) / F, bytes(op) / B)        F, B = chip_speeds(chip, dtype, scale)
+
+    F = achieved FLOP/s / scale = peak(dtype) x DEFAULT_EFFICIENCY (catalog) or the best measured
+        matmul FLOP/s (efficiency matrix), divided by `scale`
+    B = memory bytes/s / scale  = catalog memory bandwidth (else an assumed/default figure, named) or
+        the measured device-copy bandwidth (efficiency matrix), divided by `scale`
+
+flops(op): torch.utils.flop_counter's formulas (mm 2mnk, addmm, bmm, baddbmm, convolution and its
+backward, scaled-dot-product attention forward and backward, plus the CPU flash-attention kernels
+torch's table lacks); every other op counts 0 FLOPs (elementwise work is charged by its bytes).
+bytes(op): the sum of the nbytes of its tensor inputs and outputs as the host runs them (a float32
+tensor counts 4 bytes an element): an approximation of its memory traffic (no cache reuse, a
+broadcast input counted once, an in-place output counted again). Views, metadata queries and bare
+allocations (empty, empty_strided) cost nothing. Every op is charged at ONE compute dtype, the
+clock's `dtype` (default "bfloat16", the dtype a real run trains in; the host computes in whatever
+the model uses): charging each op at its own dtype would compare a float32 CUDA-core peak with a
+chip whose float32 peak is unpublished.
+
+Device-stream semantics. Between synchronisation points the host is taken as infinitely fast:
+`device_t += cost` per op. At a synchronisation point (`clock.sync()`, `runtime.synchronize()`, an
+op that hands a value to the host: `aten._local_scalar_dense` = `.item()`, and before every
+collective / point-to-point op: namespaces `c10d`, `_c10d_functional`, `c10d_functional`) the host
+sleeps until `device_t`. A collective's completion is real: after the op returns, and when a Work it
+returned is first seen completed (an async collective or a recv finished while the host waited in
+`Work.wait()`, which no dispatch mode sees), `device_t = max(device_t, now)`. If the host reaches a
+synchronisation point after `device_t` (the host was slower than the emulated chip) that is an
+overrun: counted, summed, logged once per clock as a warning, and `device_t = now` (the step then
+took the host's time, not the chip's). The time `scale` makes the emulated chip slower than the host
+really is (a tiny model's step on an H100 takes microseconds), so that the host is always ahead.
+
+Communication is NOT emulated: it runs on the host's real CPU fabric (shm/gloo) and takes its real
+time. The dispatch mode is thread-local: it charges ops of the thread that installed it (the main
+thread: the training loop, autograd's CPU backward, DDP's hooks); ops on other threads are free.
+
+Turned on for an emulated chip by `HAL_EMULATE_TIMED=1` (hal.selection installs it at binding), with
+`HAL_EMULATE_TIME_SCALE` (default DEFAULT_TIME_SCALE), `HAL_EMULATE_TIMED_DTYPE` (default bfloat16)
+and `HAL_EMULATE_TIMED_MATRIX` (an efficiency-matrix JSON file or a directory of them). Exclusive
+with `HAL_EMULATE_DILATION`.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Union
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .chips import DTYPE_KEYS, ChipProfile
+from .errors import HalError
+
+_log = logging.getLogger(__name__)
+
+# Achieved fraction of the catalog peak FLOP/s when no efficiency matrix is given: large dense
+# transformer runs report 0.4-0.55 model FLOPs utilisation on H100/A100 (Megatron-LM, torchtitan);
+# the planner's DEFAULT_MFU is this same figure (strategies/planner/facts.py should import it).
+DEFAULT_EFFICIENCY = 0.45
+# Memory bandwidth is charged at the catalog's figure (no efficiency factor, as the planner does).
+# Figures the catalog lists as unknown: chip model -> figure -> (value, why). The one definition
+# (the planner's facts.ASSUMED had these; it should import them from here).
+ASSUMED: dict[str, dict[str, tuple[float, str]]] = {
+    "P800": {
+        "peak_bf16": (345e12, "assumed: the '345 TFLOPS FP16' figure of industry analyses "
+                              "(the catalog notes it has no vendor datasheet)"),
+        "memory_bw": (2.0e12, "assumed: HBM-class module, about 910B2's"),
+    },
+    "910B2": {
+        "memory_bw": (1.6e12, "assumed: HBM2e, 1.6 TB/s class (no figure in the catalog)"),
+    },
+}
+DEFAULT_MEMORY_BW = (1.5e12, "default: 1.5 TB/s")
+# Default time scale: the emulated chip runs this many times slower than the real one. Chosen so
+# that 8 ranks of the trainer's tiny model (examples/train/tiny.toml) on this 2-core host, with the
+# dispatch mode's own per-op cost, stay ahead of the fastest catalogued chip (H100) with a margin:
+# docs/performance.md, "Timed emulation", has the measurement.
+DEFAULT_TIME_SCALE = 2.0e5
+DEFAULT_DTYPE = "bfloat16"
+# An arrival later than device_t by less than this is sleep/wake-up jitter, not an overrun.
+OVERRUN_TOLERANCE_S = 2e-4
+
+
+class TimedEmulationError(HalError, ValueError):
+    """Timed emulation was asked for in a way it cannot run: names the variable/argument and value."""
+
+
+class TimedEmulationOverrunWarning(RuntimeWarning):
+    """The host reached a synchronisation point after the emulated chip would have: time is the host's."""
+
+
+class Speeds(NamedTuple):
+    """What the virtual clock charges at: FLOP/s and bytes/s (already divided by the scale)."""
+
+    flops_per_s: float
+    bytes_per_s: float
+    source: str
+
+
+# ---- the one formula for an emulated chip's speeds -------------------------------------------------
+def _profile_of(chip: Union[str, ChipProfile], model: Optional[str]) -> Optional[ChipProfile]:
+    if isinstance(chip, ChipProfile):
+        return chip
+    from . import catalog
+    try:
+        return catalog.get(chip, model) if model else catalog.default(chip)
+    except HalError:  # a chip the catalog lacks (cpu, a vendor's own): no profile
+        return None
+
+
+def _assumed(prof: Optional[ChipProfile], model: Optional[str]) -> dict[str, tuple[float, str]]:
+    for key, table in ASSUMED.items():
+        if (model and key.lower() == str(model).lower()) or (prof is not None and key in prof.model):
+            return table
+    return {}
+
+
+def chip_speeds(chip: Union[str, ChipProfile], dtype: str = DEFAULT_DTYPE, scale: float = 1.0, *,
+                model: Optional[str] = None, matrix: Any = None) -> Speeds:
+    """(flops_per_s, bytes_per_s, source) that timed emulation charges `chip` at: the one definition
+    a planner predicting an emulated run must use. `chip`: a chip name (its catalog default model,
+    or `model`) or a ChipProfile; `matrix`: an `hal.efficiency.EfficiencyMatrix` whose measured
+    figures replace the catalog's; `scale`: the time scale (1 = the real chip's speed)."""
+    if dtype not in DTYPE_KEYS:
+        raise TimedEmulationError(f"timed emulation dtype {dtype!r} is not one of {DTYPE_KEYS}")
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise TimedEmulationError(f"timed emulation scale {scale!r} must be a finite number > 0")
+    prof = _profile_of(chip, model)
+    name = prof.model if prof is not None else str(model or chip)
+    assumed = _assumed(prof, model)
+    flops = nbytes = None
+    fsrc = bsrc = ""
+    if matrix is not None and matrix.best_matmul_flops(dtype):
+        flops = matrix.best_matmul_flops(dtype)
+        fsrc = f"measured {dtype} matmul ({matrix.chip} {matrix.profile_model}" + \
+               (", EMULATED host" if matrix.emulated else "") + ")"
+    if flops is None:
+        peak = prof.peak(dtype) if prof is not None else None
+        if peak:
+            fsrc = f"{DEFAULT_EFFICIENCY} x catalog {name} {dtype} peak {peak / 1e12:.4g} TFLOP/s"
+        elif dtype == "bfloat16" and "peak_bf16" in assumed:
+            peak, why = assumed["peak_bf16"]
+            fsrc = f"{DEFAULT_EFFICIENCY} x {peak / 1e12:.4g} TFLOP/s ({why})"
+        else:
+            known = sorted(k for k, f in (prof.peak_flops.items() if prof else []) if f.value)
+            raise TimedEmulationError(
+                f"timed emulation of chip {name!r}: no {dtype} peak FLOP/s (catalog: unknown) and no measured "
+                f"efficiency matrix; charge another dtype (HAL_EMULATE_TIMED_DTYPE, known: {known}) or give "
+                f"HAL_EMULATE_TIMED_MATRIX")
+        flops = DEFAULT_EFFICIENCY * peak
+    if matrix is not None and matrix.memory_bytes_per_s():
+        nbytes, bsrc = matrix.memory_bytes_per_s(), f"measured device copy ({matrix.chip} {matrix.profile_model})"
+    elif prof is not None and prof.memory_bandwidth.value:
+        nbytes, bsrc = prof.memory_bandwidth.value, f"catalog {name} memory bandwidth"
+    elif "memory_bw" in assumed:
+        nbytes, bsrc = assumed["memory_bw"]
+    else:
+        nbytes, bsrc = DEFAULT_MEMORY_BW
+    source = f"{fsrc}; {bsrc} {nbytes / 1e12:.4g} TB/s; / time scale {scale:g}"
+    return Speeds(flops / scale, nbytes / scale, source)
+
+
+def op_cost(flops: float, nbytes: float, speeds: Speeds) -> float:
+    """Seconds one op takes on the emulated chip: the slower of its compute and its memory traffic."""
+    return max(flops / speeds.flops_per_s, nbytes / speeds.bytes_per_s)
+
+
+# ---- what an op costs ---------------------------------------------------------------------------
+aten = torch.ops.aten
+# Ops that launch no kernel on a device (views are excluded by `is_view`).
+_FREE = {aten.detach.default, aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
+         aten.new_empty_strided.default, aten.empty_like.default, aten.lift_fresh.default,
+         aten.is_same_size.default, aten.size.default, aten.sym_size.int, aten.stride.default,
+         aten.sym_stride.int, aten.storage_offset.default, aten.sym_storage_offset.default,
+         aten.numel.default, aten.sym_numel.default, aten.dim.default, aten.is_contiguous.default,
+         aten.is_contiguous.memory_format, aten.is_strides_like_format.default,
+         aten.is_non_overlapping_and_dense.default}
+_SYNC = {aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default}
+_COMM_NAMESPACES = {"c10d", "_c10d_functional", "c10d_functional"}
+_WAITS = {"wait_tensor"}  # functional collectives' completion: real, not charged
+
+
+def _flop_table() -> dict:
+    from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+    table = dict(flop_registry)
+    # torch's CPU kernels for scaled_dot_product_attention, absent from flop_registry (torch 2.13
+    # torch/utils/flop_counter.py lists only the CUDA/cuDNN/efficient variants). Same shapes
+    # (batch, heads, seq, head_dim) as the variants it lists.
+    sig = lambda t: t.shape  # noqa: E731
+
+    def fwd(q, k, v, *a, out_val=None, **kw):
+        return sdpa_flop_count(sig(q), sig(k), sig(v))
+
+    def bwd(g, q, k, v, *a, out_val=None, **kw):
+        return sdpa_backward_flop_count(sig(g), sig(q), sig(k), sig(v))
+    table[aten._scaled_dot_product_flash_attention_for_cpu] = fwd
+    table[aten._scaled_dot_product_flash_attention_for_cpu_backward] = bwd
+    return table
+
+
+_FLOPS: dict = {}
+
+
+def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
+    """FLOPs of one aten op by torch.utils.flop_counter's formulas (0 for ops it has none for)."""
+    if not _FLOPS:
+        _FLOPS.update(_flop_table())
+    formula = _FLOPS.get(func.overloadpacket)
+    return int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+
+
+def _nbytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(y) for y in x)
+    return 0
+
+
+def op_bytes(args: tuple, kwargs: dict, out: Any) -> int:
+    """Bytes an op moves: its tensor inputs' and outputs' nbytes (the approximation in the docstring)."""
+    return _nbytes(args) + _nbytes(tuple(kwargs.values())) + _nbytes(out)
+
+
+# ---- the clock --------------------------------------------------------------------------------------
+class VirtualClock:
+    """One process's emulated device timeline (`device_t`, in `now()`'s seconds) and its statistics.
+
+    `now` and `sleep` are injectable (tests use a fake clock; nothing in a test sleeps for real)."""
+
+    def __init__(self, chip: str, speeds: Speeds, *, dtype: str = DEFAULT_DTYPE, scale: float = 1.0,
+                 now: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep):
+        self.chip, self.speeds, self.dtype, self.scale = chip, speeds, dtype, scale
+        self._now, self._sleep = now, sleep
+        self._pending: list = []  # Works of collectives not yet seen completed
+        self._warned = False
+        # None until the first charged op: the device is idle from its creation until the host gives
+        # it work (the process's start-up is not an overrun).
+        self.device_t: Optional[float] = None
+        self._interval_start, self._interval_busy = 0.0, 0.0
+        self.reset_stats()
+
+    # -- charging ---------------------------------------------------------------------------------
+    def charge(self, flops: float, nbytes: float) -> float:
+        """Advance the device by one op of `flops` FLOPs moving `nbytes` bytes; returns its seconds."""
+        cost = op_cost(flops, nbytes, self.speeds)
+        if self.device_t is None:
+            self._mark(self._now())
+        self.device_t += cost
+        self._interval_busy += cost
+        self._busy += cost
+        self._ops += 1
+        self._flops += flops
+        self._bytes += nbytes
+        return cost
+
+    def _mark(self, t: float) -> None:
+        """The device timeline is reconciled with the host's at `t`: a new interval starts."""
+        self.device_t = t
+        self._interval_start, self._interval_busy = t, 0.0
+
+    def device_time(self) -> float:
+        """Where the emulated device's work ends, in `now()`'s seconds (an event records this)."""
+        self._poll()
+        if self.device_t is None:
+            self._mark(self._now())
+        return self.device_t
+
+    def idle(self) -> None:
+        """The host knowingly did work outside torch ops (I/O, a checkpoint, data loading) and the
+        device sat idle meanwhile: move the device to now if it is behind, without an overrun."""
+        self._poll()
+        now = self._now()
+        if self.device_t is None or now > self.device_t:
+            self._mark(now)
+
+    def sync(self, until: Optional[float] = None) -> None:
+        """The host waits for the device: sleep until `device_t` (or `until`, an earlier point of it).
+        Arriving later than that, after device work was charged, is an overrun: recorded, and the
+        device timeline moves to now. Arriving late with nothing charged since the last collective
+        (the host's own time between two collectives) is counted as `host_gap_s`, not an overrun."""
+        self._poll()
+        now = self._now()
+        if self.device_t is None:  # nothing charged yet: nothing to wait for
+            self._mark(now)
+        if until is not None and until < self.device_t:  # an event: wait for it, nothing else
+            if now < until:
+                self._sleep(until - now)
+                self._slept += until - now
+            return
+        target = self.device_t
+        if self._interval_busy > 0:
+            self._host_fraction = max(self._host_fraction, (now - self._interval_start) / self._interval_busy)
+        self._syncs += 1
+        if now < target:
+            self._sleep(target - now)
+            self._slept += target - now
+            self._mark(target)  # the wake-up's own lateness is not carried into the timeline
+            return
+        late = now - target
+        if late > OVERRUN_TOLERANCE_S:
+            if self._interval_busy > 0:
+                self._overrun(late)
+            else:
+                self._host_gap_s += late
+        self._mark(now)
+
+    def completed(self, works: list = ()) -> None:
+        """A real event (a collective's completion) just happened: the device cannot be earlier than
+        now. `works`: Works the op returned that may complete later (polled at each op)."""
+        self._mark(max(self.device_t or 0.0, self._now()))
+        self._pending.extend(works)
+
+    def _poll(self) -> None:
+        if self._pending:
+            done = [w for w in self._pending if _work_done(w)]
+            if done:
+                self._pending = [w for w in self._pending if w not in done]
+                now = self._now()
+                if self.device_t is None or now > self.device_t:
+                    self._mark(now)
+
+    def _overrun(self, late: float) -> None:
+        self._overruns += 1
+        self._overrun_s += late
+        if not self._warned:
+            self._warned = True
+            msg = (f"timed emulation of {self.chip!r}: the host reached a synchronisation point {late * 1e3:.2f} ms "
+                   f"after the emulated chip would have (the host is slower than the chip at time scale "
+                   f"{self.scale:g}, or it did work outside torch ops: I/O, data loading; this step took the "
+                   f"host's time). Raise HAL_EMULATE_TIME_SCALE, or call clock.idle() after such host work; "
+                   f"clock.stats()['overrun_count'] counts them (warned once)")
+            _log.warning(msg)
+            warnings.warn(msg, TimedEmulationOverrunWarning, stacklevel=3)
+
+    # -- statistics ---------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """busy_s (virtual seconds charged), overrun_count/overrun_s, ops, flops, bytes, slept_s, syncs,
+        host_gap_s (host time between collectives with no device work in between: real, not an
+        overrun), max_host_fraction (over synchronisation intervals with device work: the host's time
+        / the device's; below 1 means the host stayed ahead: the scale could shrink by that factor),
+        and what the clock charges at (chip, dtype, scale, speeds and their source)."""
+        return {"busy_s": self._busy, "overrun_count": self._overruns, "overrun_s": self._overrun_s,
+                "ops": self._ops, "flops": self._flops, "bytes": self._bytes, "slept_s": self._slept,
+                "syncs": self._syncs, "host_gap_s": self._host_gap_s, "max_host_fraction": self._host_fraction, "chip": self.chip, "dtype": self.dtype, "scale": self.scale,
+                "flops_per_s": self.speeds.flops_per_s, "bytes_per_s": self.speeds.bytes_per_s,
+                "source": self.speeds.source}
+
+    def reset_stats(self) -> None:
+        self._busy = self._overrun_s = self._slept = self._host_gap_s = self._host_fraction = 0.0
+        self._overruns = self._ops = self._syncs = 0
+        self._flops = self._bytes = 0
+
+    def __repr__(self) -> str:
+        return f"VirtualClock({self.chip!r}, {self.dtype}, scale {self.scale:g})"
+
+
+def _work_done(w: Any) -> bool:
+    try:
+        return bool(w.is_completed())
+    except RuntimeError:  # a failed work: it is over
+        return True
+
+
+def _works_in(out: Any) -> list:
+    """c10d ops return Works as ScriptObjects (torch 2.13: `c10d.allreduce_` -> (tensors, Work))."""
+    items = out if isinstance(out, (list, tuple)) else (out,)
+    found = []
+    for x in items:
+        if isinstance(x, torch.ScriptObject):
+            try:
+                found.append(torch._C._distributed_c10d.Work.unbox(x))
+            except (RuntimeError, AttributeError, TypeError):
+                pass
+    return found
+
+
+# ---- the dispatch mode ----------------------------------------------------------------------------
+def _is_fake(types: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return any(issubclass(t, FakeTensor) for t in types)
+
+
+class TimedMode(TorchDispatchMode):
+    """Charges every aten op of this thread to `clock`; collectives and `.item()` synchronise."""
+
+    def __init__(self, clock: VirtualClock):
+        super().__init__()
+        self.clock = clock
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if types and any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types):
+            if _is_fake(types):  # shape propagation (DTensor's sharding, meta functions): no device work
+                return func(*args, **kwargs)
+            # A tensor subclass (DTensor, AsyncCollectiveTensor): let it run; the plain ops it runs
+            # come back here and are charged, so the subclass-level op is not.
+            return NotImplemented
+        clock = self.clock
+        ns = func.namespace
+        if ns in _COMM_NAMESPACES:
+            if func._opname in _WAITS:
+                out = func(*args, **kwargs)
+                clock.completed()
+                return out
+            clock.sync()  # the data the collective sends is ready when the device gets there
+            out = func(*args, **kwargs)
+            clock.completed(_works_in(out))
+            return out
+        if func in _SYNC:
+            clock.sync()
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if func in _FREE or func.is_view or ns == "prim":
+            return out
+        clock._poll()
+        clock.charge(op_flops(func, args, kwargs, out), op_bytes(args, kwargs, out))
+        return out
+
+
+# ---- process-wide installation ----------------------------------------------------------------------
+_ACTIVE: list[VirtualClock] = []  # innermost last
+_INSTALLED: Optional[TimedMode] = None
+_INSTALLED_THREAD: Optional[int] = None
+
+
+def active_clock() -> Optional[VirtualClock]:
+    """The clock charging this process's ops (the innermost `timed()` block, else the installed one)."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+@contextmanager
+def timed(clock: VirtualClock) -> Iterator[VirtualClock]:
+    """Charge the ops this thread runs inside the block to `clock` (tests; explicit use)."""
+    mode = TimedMode(clock)
+    _ACTIVE.append(clock)
+    try:
+        with mode:
+            yield clock
+    finally:
+        _ACTIVE.remove(clock)
+
+
+def install(clock: VirtualClock) -> None:
+    """Charge every op of the calling thread to `clock` from now on (hal.selection calls it when a
+    process binds an emulated chip with HAL_EMULATE_TIMED=1). A second call replaces the clock."""
+    global _INSTALLED, _INSTALLED_THREAD
+    if _INSTALLED is not None:
+        old = _INSTALLED.clock
+        _INSTALLED.clock = clock
+        if old in _ACTIVE:
+            _ACTIVE.remove(old)
+        _ACTIVE.insert(0, clock)
+        return
+    mode = TimedMode(clock)
+    mode.__enter__()  # pushed on this thread's dispatch-mode stack until uninstall()
+    _INSTALLED, _INSTALLED_THREAD = mode, threading.get_ident()
+    _ACTIVE.insert(0, clock)
+
+
+def uninstall() -> None:
+    """Stop charging (hal.reset()). The mode is popped if it is still on top of this thread's stack;
+    otherwise it stays, charging a detached clock that nothing reads."""
+    global _INSTALLED, _INSTALLED_THREAD
+    if _INSTALLED is None:
+        return
+    mode, clock = _INSTALLED, _INSTALLED.clock
+    if clock in _ACTIVE:
+        _ACTIVE.remove(clock)
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    if threading.get_ident() == _INSTALLED_THREAD and _get_current_dispatch_mode() is mode:
+        mode.__exit__(None, None, None)
+    else:
+        mode.clock = VirtualClock(clock.chip, clock.speeds, dtype=clock.dtype, scale=clock.scale)
+    _INSTALLED = _INSTALLED_THREAD = None
+
+
+# ---- configuration from the environment ----------------------------------------------------------
+_OFF = ("", "0", "false", "no", "off")
+_ON = ("1", "true", "yes", "on")
+
+
+def timed_requested(env: Optional[dict] = None) -> bool:
+    env = os.environ if env is None else env
+    text = (env.get("HAL_EMULATE_TIMED") or "").strip().lower()
+    if text in _OFF:
+        return False
+    if text in _ON:
+        return True
+    raise TimedEmulationError(f"HAL_EMULATE_TIMED={env.get('HAL_EMULATE_TIMED')!r}: expected 1/0 (or true/false, "
+                              f"yes/no, on/off)")
+
+
+def time_scale(env: Optional[dict] = None) -> float:
+    env = os.environ if env is None else env
+    text = (env.get("HAL_EMULATE_TIME_SCALE") or "").strip()
+    if not text:
+        return DEFAULT_TIME_SCALE
+    try:
+        value = float(text)
+    except ValueError:
+        raise TimedEmulationError(f"HAL_EMULATE_TIME_SCALE={text!r} is not a number (the emulated chip runs "
+                                  f"this many times slower than the real one; default {DEFAULT_TIME_SCALE:g})") from None
+    if not (math.isfinite(value) and value > 0):
+        raise TimedEmulationError(f"HAL_EMULATE_TIME_SCALE={text!r} must be a finite number > 0 "
+                                  f"(default {DEFAULT_TIME_SCALE:g})")
+    return value
+
+
+def charge_dtype(env: Optional[dict] = None) -> str:
+    env = os.environ if env is None else env
+    text = (env.get("HAL_EMULATE_TIMED_DTYPE") or "").strip() or DEFAULT_DTYPE
+    if text not in DTYPE_KEYS:
+        raise TimedEmulationError(f"HAL_EMULATE_TIMED_DTYPE={text!r} is not one of {DTYPE_KEYS}")
+    return text
+
+
+def _matrix_for(path_text: str, chip: str, model: str) -> Any:
+    from .efficiency import load_efficiency_matrix
+    p = Path(path_text)
+    files = sorted(p.glob("*.json")) if p.is_dir() else [p] if p.is_file() else None
+    if files is None:
+        raise TimedEmulationError(f"HAL_EMULATE_TIMED_MATRIX={path_text!r}: no such file or directory")
+    for f in files:
+        try:
+            m = load_efficiency_matrix(f)
+        except Exception as exc:  # pydantic's ValidationError or bad JSON: name the file
+            raise TimedEmulationError(f"HAL_EMULATE_TIMED_MATRIX: {f} is not an efficiency matrix: "
+                                      f"{str(exc).splitlines()[0]}") from None
+        if m.chip == chip and (m.profile_model == model or len(files) == 1 or p.is_dir()):
+            return m
+    return None
+
+
+def clock_from_env(chip: str, profile: ChipProfile, env: Optional[dict] = None,
+                   **clock_kw: Any) -> Optional[VirtualClock]:
+    """The clock `HAL_EMULATE_TIMED` asks for on an emulated `chip` with `profile`, or None (off)."""
+    env = os.environ if env is None else env
+    if not timed_requested(env):
+        return None
+    scale, dtype = time_scale(env), charge_dtype(env)
+    mpath = (env.get("HAL_EMULATE_TIMED_MATRIX") or "").strip()
+    matrix = _matrix_for(mpath, chip, profile.model) if mpath else None
+    return VirtualClock(chip, chip_speeds(profile, dtype, scale, matrix=matrix), dtype=dtype, scale=scale,
+                        **clock_kw)

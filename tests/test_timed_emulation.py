@@ -1,0 +1,335 @@
+"""Timed emulation (hal.timed): what an op is charged, the two chips' ratio, backward charged, sync and
+overrun on an injected fake clock (nothing here sleeps or reads wall time), env errors, binding, and
+one 2-rank run where collectives pass through the clock."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hal
+from hal import catalog, timed
+from hal.timed import Speeds, TimedEmulationError, VirtualClock, chip_speeds, op_cost
+
+# compute-bound speeds for charge tests: the bytes term is negligible
+COMPUTE = Speeds(flops_per_s=1e9, bytes_per_s=1e18, source="test: compute-bound")
+MEMORY = Speeds(flops_per_s=1e18, bytes_per_s=1e6, source="test: memory-bound")
+
+
+class FakeTime:
+    """now() returns `t`; sleep(s) records s and advances `t` by it."""
+
+    def __init__(self, t: float = 100.0):
+        self.t = t
+        self.slept: list[float] = []
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.t += s
+
+
+def _clock(speeds=COMPUTE, chip="test", ft=None):
+    ft = ft or FakeTime()
+    return VirtualClock(chip, speeds, now=ft.now, sleep=ft.sleep), ft
+
+
+# ---- what an op costs ---------------------------------------------------------------------------
+def test_mm_is_charged_2mnk_over_the_flop_rate():
+    m, k, n = 8, 16, 32
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    clock, _ = _clock()
+    with timed.timed(clock):
+        torch.mm(a, b)
+    st = clock.stats()
+    assert st["flops"] == 2 * m * n * k
+    assert st["bytes"] == 4 * (m * k + k * n + m * n)
+    assert st["busy_s"] == pytest.approx(2 * m * n * k / COMPUTE.flops_per_s)
+    assert st["ops"] == 1
+
+
+def test_memory_bound_op_is_charged_its_bytes():
+    x = torch.randn(1000)
+    clock, _ = _clock(MEMORY)
+    with timed.timed(clock):
+        torch.relu(x)
+    assert clock.stats()["bytes"] == 8000  # 4000 in, 4000 out
+    assert clock.stats()["busy_s"] == pytest.approx(8000 / MEMORY.bytes_per_s)
+
+
+def test_views_and_allocations_are_free():
+    x = torch.randn(4, 6)
+    clock, _ = _clock(MEMORY)
+    with timed.timed(clock):
+        x.view(6, 4).t()
+        x.detach()
+        torch.empty(100)
+    assert clock.stats()["ops"] == 0 and clock.stats()["busy_s"] == 0
+
+
+def test_addmm_bmm_and_cpu_attention_follow_torchs_formulas():
+    from torch.utils.flop_counter import sdpa_flop_count
+    bias, a, b = torch.randn(5), torch.randn(3, 4), torch.randn(4, 5)
+    x, y = torch.randn(2, 3, 4), torch.randn(2, 4, 6)
+    q = torch.randn(1, 2, 8, 4)
+    clock, _ = _clock()
+    with timed.timed(clock):
+        torch.addmm(bias, a, b)
+        torch.bmm(x, y)
+    assert clock.stats()["flops"] == 2 * 3 * 4 * 5 + 2 * 2 * 3 * 4 * 6
+    clock.reset_stats()
+    with timed.timed(clock):
+        F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert clock.stats()["flops"] == sdpa_flop_count(q.shape, q.shape, q.shape) > 0
+
+
+def test_backward_is_charged():
+    m, k, n = 4, 8, 16
+    x, w = torch.randn(m, k, requires_grad=True), torch.randn(k, n, requires_grad=True)
+    clock, _ = _clock()
+    with timed.timed(clock):
+        y = x @ w
+        forward = clock.stats()["flops"]
+        y.sum().backward()
+    assert forward == 2 * m * n * k
+    assert clock.stats()["flops"] == 3 * 2 * m * n * k  # dX = dY W^T and dW = X^T dY
+
+
+# ---- the chips' speeds ----------------------------------------------------------------------------
+def test_chip_speeds_is_the_catalog_peak_times_the_default_efficiency_over_the_scale():
+    h100 = catalog.default("cuda")
+    f, b, src = chip_speeds("cuda", "bfloat16", 1e5)
+    assert f == pytest.approx(h100.peak("bfloat16") * timed.DEFAULT_EFFICIENCY / 1e5)
+    assert b == pytest.approx(h100.memory_bandwidth.value / 1e5)
+    assert "catalog" in src and str(timed.DEFAULT_EFFICIENCY) in src
+
+
+def test_two_chips_virtual_times_are_in_their_profile_ratio():
+    cuda, ascend = chip_speeds("cuda", "bfloat16", 1e4), chip_speeds("ascend", "bfloat16", 1e4)
+    ops = [(2 * 64 * 64 * 64, 3 * 64 * 64 * 4), (0, 4e6), (5e12, 1e3), (1e9, 1e9)]
+    clocks = {}
+    for name, sp in (("cuda", cuda), ("ascend", ascend)):
+        clocks[name], _ = _clock(sp, name)
+        for f, b in ops:
+            clocks[name].charge(f, b)
+    expected = sum(max(f / ascend.flops_per_s, b / ascend.bytes_per_s) for f, b in ops) / \
+        sum(max(f / cuda.flops_per_s, b / cuda.bytes_per_s) for f, b in ops)
+    assert clocks["ascend"].stats()["busy_s"] / clocks["cuda"].stats()["busy_s"] == pytest.approx(expected)
+    # compute-bound work alone: the bf16 peak ratio of H100 and 910B2
+    a, _ = _clock(ascend)
+    c, _ = _clock(cuda)
+    a.charge(5e12, 0)
+    c.charge(5e12, 0)
+    peaks = catalog.default("cuda").peak("bfloat16") / catalog.default("ascend").peak("bfloat16")
+    assert a.stats()["busy_s"] / c.stats()["busy_s"] == pytest.approx(peaks)
+
+
+def test_same_torch_ops_on_two_chips_keep_the_ratio():
+    cuda, ascend = chip_speeds("cuda", "bfloat16", 1e4), chip_speeds("ascend", "bfloat16", 1e4)
+    busy = {}
+    for name, sp in (("cuda", cuda), ("ascend", ascend)):
+        x, w = torch.randn(16, 32, requires_grad=True), torch.randn(32, 64, requires_grad=True)
+        clock, _ = _clock(sp, name)
+        with timed.timed(clock):
+            (x @ w).relu().sum().backward()
+        busy[name] = clock.stats()
+    assert busy["cuda"]["flops"] == busy["ascend"]["flops"] and busy["cuda"]["bytes"] == busy["ascend"]["bytes"]
+    assert busy["ascend"]["busy_s"] > busy["cuda"]["busy_s"]
+
+
+def test_unknown_figures_are_named_not_invented():
+    with pytest.raises(TimedEmulationError, match="float32"):
+        chip_speeds("ascend", "float32", 1.0)  # the catalog has no 910B2 float32 peak
+    f, b, src = chip_speeds("kunlun", "bfloat16", 1.0)  # P800: every figure unknown in the catalog
+    assert f == pytest.approx(timed.DEFAULT_EFFICIENCY * timed.ASSUMED["P800"]["peak_bf16"][0])
+    assert "assumed" in src
+    with pytest.raises(TimedEmulationError, match="dtype 'fp8'"):
+        chip_speeds("cuda", "fp8", 1.0)
+
+
+def test_a_measured_efficiency_matrix_replaces_the_catalog():
+    from hal.efficiency import BandwidthFigure, EfficiencyMatrix, MatmulFigure
+    m = EfficiencyMatrix(chip="cuda", plugin="p", profile_model="H100", emulated=False, device="cuda:0",
+                         ccl="nccl", torch_version="x", host="h", measured_at="t",
+                         matmul=[MatmulFigure(dtype="bfloat16", m=8, n=8, k=8, flops_per_s=600e12,
+                                              seconds_median=1, repeats=1)],
+                         memory_bandwidth=[BandwidthFigure(bytes=1, bytes_per_s=3e12, seconds_median=1, repeats=1)])
+    f, b, src = chip_speeds("cuda", "bfloat16", 10.0, matrix=m)
+    assert (f, b) == (pytest.approx(60e12), pytest.approx(3e11)) and "measured" in src
+
+
+# ---- synchronisation and overrun (fake time) ---------------------------------------------------------
+def test_sync_sleeps_until_the_device_is_done():
+    clock, ft = _clock()
+    clock.charge(2e9, 0)  # 2 s of device work, issued at t=100
+    ft.t += 0.5           # the host spent 0.5 s
+    clock.sync()
+    assert ft.slept == [pytest.approx(1.5)] and ft.t == pytest.approx(102.0)
+    clock.charge(1e9, 0)  # the next interval starts where the device stopped
+    clock.sync()
+    assert ft.slept[-1] == pytest.approx(1.0)
+    assert clock.stats()["overrun_count"] == 0 and clock.stats()["max_host_fraction"] == pytest.approx(0.25)
+
+
+def test_a_host_slower_than_the_chip_is_an_overrun_not_silence():
+    clock, ft = _clock()
+    clock.charge(1e9, 0)
+    ft.t += 3.0
+    with pytest.warns(timed.TimedEmulationOverrunWarning, match="HAL_EMULATE_TIME_SCALE"):
+        clock.sync()
+    st = clock.stats()
+    assert ft.slept == [] and st["overrun_count"] == 1 and st["overrun_s"] == pytest.approx(2.0)
+    assert clock.device_t == ft.t  # the step took the host's time
+    clock.charge(1e9, 0)
+    ft.t += 2.0
+    clock.sync()  # warned once per clock; still counted
+    assert clock.stats()["overrun_count"] == 2
+
+
+def test_host_time_between_collectives_is_not_an_overrun():
+    clock, ft = _clock()
+    clock.completed()
+    ft.t += 0.01
+    clock.sync()
+    assert clock.stats()["overrun_count"] == 0 and clock.stats()["host_gap_s"] == pytest.approx(0.01)
+
+
+def test_item_synchronises(monkeypatch):
+    clock, ft = _clock(MEMORY)
+    x = torch.randn(1000)
+    with timed.timed(clock):
+        s = x.sum()
+        assert ft.slept == []
+        s.item()
+    assert ft.slept == [pytest.approx(clock.stats()["busy_s"])]
+
+
+def test_idle_moves_the_device_without_an_overrun():
+    clock, ft = _clock()
+    clock.charge(1e9, 0)
+    ft.t += 5.0
+    clock.idle()
+    clock.sync()
+    assert clock.stats()["overrun_count"] == 0 and ft.slept == []
+
+
+# ---- environment and binding -----------------------------------------------------------------------
+@pytest.mark.parametrize("var,value,match", [
+    ("HAL_EMULATE_TIME_SCALE", "fast", "not a number"),
+    ("HAL_EMULATE_TIME_SCALE", "0", "> 0"),
+    ("HAL_EMULATE_TIME_SCALE", "-3", "> 0"),
+    ("HAL_EMULATE_TIME_SCALE", "inf", "finite"),
+    ("HAL_EMULATE_TIMED", "maybe", "expected 1/0"),
+    ("HAL_EMULATE_TIMED_DTYPE", "bf16", "not one of"),
+    ("HAL_EMULATE_TIMED_MATRIX", "/nonexistent/m.json", "no such file"),
+])
+def test_env_errors_are_typed_and_name_the_variable(var, value, match):
+    env = {"HAL_EMULATE_TIMED": "1", var: value}
+    with pytest.raises(TimedEmulationError, match=match) as info:
+        timed.clock_from_env("cuda", catalog.default("cuda"), env)
+    assert var in str(info.value)
+
+
+def test_timed_is_off_unless_asked():
+    for off in ("", "0", "off", "false"):
+        assert timed.clock_from_env("cuda", catalog.default("cuda"), {"HAL_EMULATE_TIMED": off}) is None
+
+
+@pytest.fixture
+def rebind(monkeypatch):
+    for var in ("HAL_CHIP", "HAL_CLUSTER", "RANK", "WORLD_SIZE", "HAL_EMULATE_DILATION", "HAL_EMULATE_TIMED"):
+        monkeypatch.delenv(var, raising=False)
+    prev = hal.bound()
+    hal.reset()
+    yield monkeypatch
+    hal.reset()
+    assert timed.active_clock() is None
+    if prev is not None:
+        import hal.selection as sel
+        sel._BOUND = prev
+        hal.ops.bind(prev.kernels)
+
+
+def test_timed_and_dilation_together_are_refused(rebind):
+    rebind.setenv("HAL_EMULATE", "cuda:1,ascend:1")
+    rebind.setenv("RANK", "1")
+    rebind.setenv("HAL_EMULATE_TIMED", "1")
+    rebind.setenv("HAL_EMULATE_DILATION", "1")
+    with pytest.raises(TimedEmulationError, match="exclusive"):
+        hal.accelerator()
+    assert timed.active_clock() is None
+
+
+def test_binding_with_timed_installs_the_clock(rebind):
+    rebind.setenv("HAL_EMULATE", "cuda:1,ascend:1")
+    rebind.setenv("RANK", "1")
+    rebind.setenv("HAL_EMULATE_TIMED", "1")
+    rebind.setenv("HAL_EMULATE_TIME_SCALE", "1e6")
+    acc = hal.accelerator()
+    clock = timed.active_clock()
+    assert acc.chip.name == "ascend" and acc.runtime.clock is clock and acc.runtime.dilation == 1.0
+    assert clock.scale == 1e6 and clock.speeds == chip_speeds(acc.profile, "bfloat16", 1e6)
+    ft = FakeTime()
+    clock._now, clock._sleep = ft.now, ft.sleep  # no real sleeping below
+    clock._mark(ft.t)
+    start = acc.Event(enable_timing=True)
+    start.record()
+    torch.randn(64, 64) @ torch.randn(64, 64)  # charged: the mode is on for this thread
+    end = acc.Event(enable_timing=True)
+    end.record()
+    assert clock.stats()["flops"] >= 2 * 64 ** 3
+    assert end.elapsed_time(start) < 0 < start.elapsed_time(end)
+    assert start.elapsed_time(end) == pytest.approx((clock.device_t - ft.t) * 1e3)
+    acc.synchronize()
+    assert ft.slept and ft.t == pytest.approx(clock.device_t)
+    hal.reset()
+    assert timed.active_clock() is None
+    n = clock.stats()["ops"]
+    torch.randn(8) + 1  # after reset: not charged
+    assert clock.stats()["ops"] == n
+
+
+def test_a_scale_chosen_for_the_default_is_a_number():
+    assert math.isfinite(timed.DEFAULT_TIME_SCALE) and timed.DEFAULT_TIME_SCALE > 1
+
+
+# ---- two ranks: collectives go through the clock ---------------------------------------------------
+def rank_case() -> dict:
+    import torch.distributed as dist
+    from datetime import timedelta
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    acc = hal.accelerator()
+    clock = timed.active_clock()
+    # fake time: the check is on the accounting, not on wall seconds
+    ft = FakeTime(1000.0)
+    clock._now, clock._sleep = ft.now, ft.sleep
+    clock._mark(ft.t)
+    clock.reset_stats()
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+    model(torch.randn(4, 16)).sum().backward()
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    st = clock.stats()
+    return {"chip": acc.chip.name, "syncs": st["syncs"], "flops": st["flops"], "slept": sum(ft.slept),
+            "busy": st["busy_s"], "sum": t.tolist(), "overruns": st["overrun_count"]}
+
+
+def test_two_ranks_collectives_synchronise_and_backward_under_ddp_is_charged():
+    from hal.testing import WorkerPool
+    env = {"HAL_EMULATE": "cuda:1,ascend:1", "HAL_EMULATE_TIMED": "1", "HAL_EMULATE_TIME_SCALE": "1e7",
+           "OMP_NUM_THREADS": "1"}
+    with WorkerPool(2, env=env) as pool:
+        res = pool.run(rank_case, timeout=120)
+    assert [r["chip"] for r in res] == ["cuda", "ascend"]
+    for r in res:
+        assert r["sum"] == [2.0] * 4
+        assert r["syncs"] >= 2  # DDP's gradient all_reduce and ours synchronised with the device
+        assert r["flops"] == 2 * 2 * 4 * 16 * 16  # forward addmm + the weight gradient's mm (x needs none)
+        assert r["slept"] == pytest.approx(r["busy"])  # the fake host was infinitely fast: it slept it all
+        assert r["overruns"] == 0
+    assert res[1]["busy"] > res[0]["busy"]  # 910B2 is slower than H100
