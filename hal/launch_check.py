@@ -98,6 +98,11 @@ def check_output_dir(flag: str, path: Optional[str]) -> Optional[str]:
 
 
 # ---- chips and world size ----------------------------------------------------------------------
+def check_plugins(environ: Optional[dict] = None):
+    """The plugin manager `HAL_PLUGINS` (or the installed entry points) gives; a LaunchError if not."""
+    return _plugin_manager(dict(os.environ if environ is None else environ))
+
+
 def _plugin_manager(env: dict):
     from .plugin_manager import PluginManager
     pm = PluginManager()
@@ -134,17 +139,18 @@ def check_emulate_map(where: str, text: str, environ: Optional[dict] = None) -> 
 def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
                default_emulate: Callable[[Optional[int]], str], min_ranks: int = 1,
                emulate_label: Optional[str] = None, cluster_label: Optional[str] = None,
-               nproc_hint: str = "pass --nproc N") -> tuple:
+               nproc_hint: str = "pass --nproc N", nproc_label: str = "--nproc") -> tuple:
     """(ranks to start, env for the ranks, how the chips were chosen, (chip, emulated) of every rank),
     everything checked.
 
     `emulate` is the `--emulate` flag (it overrides `HAL_EMULATE`; "none" drops it); with neither it
     nor a chip variable set, `default_emulate(nproc)` gives the map. `emulate_label` / `cluster_label`
     name where the map / the cluster spec came from in messages when that is not `--emulate MAP` /
-    `HAL_CLUSTER=FILE` (`hal train`: its config's `cluster.emulate` / `cluster.spec`)."""
+    `HAL_CLUSTER=FILE` (`hal train`: its config's `cluster.emulate` / `cluster.spec`); `nproc_label`
+    names where `nproc` came from (`hal testbed run`: the bed's ranks)."""
     env = dict(environ)
     if nproc is not None:
-        check_int("--nproc", nproc, max(1, min_ranks), MAX_LOCAL_RANKS)
+        check_int(nproc_label, nproc, max(1, min_ranks), MAX_LOCAL_RANKS)
     if emulate is not None and not emulate.strip():
         raise LaunchError("--emulate '': names no chip; e.g. --emulate cuda:2,ascend:2")
     where = None  # the flag to blame for the map, when the map came from --emulate
@@ -159,7 +165,8 @@ def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
         env["HAL_EMULATE"] = emulate
         source = where or f"default {emulate}"
     else:
-        source = ", ".join(f"{k}={env[k]}" for k in CHIP_ENV if env.get(k)) + " (from the environment)"
+        source = ", ".join(cluster_label if k == "HAL_CLUSTER" and cluster_label else f"{k}={env[k]}"
+                           for k in CHIP_ENV if env.get(k)) + ("" if cluster_label else " (from the environment)")
     pm = _plugin_manager(env)
 
     world = None
@@ -185,11 +192,12 @@ def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
     if world is not None and nproc is not None and world != nproc:
         what = where or (f"HAL_EMULATE={env['HAL_EMULATE']!r}" if env.get("HAL_EMULATE")
                          else cluster_label)
-        raise LaunchError(f"--nproc {nproc}, but {what} names {world} ranks; drop --nproc or make them agree")
+        raise LaunchError(f"{nproc_label} {nproc}, but {what} names {world} ranks; "
+                          + ("drop --nproc or make them agree" if nproc_label == "--nproc" else "make them agree"))
     world = world if world is not None else nproc
     if world is None:
         raise LaunchError(f"cannot tell how many ranks to start from {source}; {nproc_hint}")
-    check_int("ranks to start" if nproc is None else "--nproc", world, max(1, min_ranks), MAX_LOCAL_RANKS)
+    check_int("ranks to start" if nproc is None else nproc_label, world, max(1, min_ranks), MAX_LOCAL_RANKS)
     return world, env, source, _check_each_rank(pm, env, world)
 
 

@@ -14,6 +14,15 @@ namespaces, one veth NIC per rank on a Linux-bridge switch, tc-shaped links; tor
 --chips, HAL_RANK_NICS so local rank i binds gloo to NIC rail<i>, HAL_CPU_CCL=auto (shm inside a
 host, gloo across). A bed from `up` stays until `down` (it is not tied to the shell that made it).
 Addresses are in a private range (default 10.213.0.0/16) that exists only inside the bed.
+
+Before `run` starts any agent, --timeout and the ranks' chip environment (the bed's --chips, --env,
+HAL_EMULATE / HAL_CLUSTER / HAL_CHIP / HAL_PLUGINS) are checked for the bed's rank count
+(hal.launch_check). When a rank fails, the other hosts are stopped 10 s later and the first failing
+rank's own error is printed once (rank, chip, exception and message) with the path of every host's
+full log, instead of each host's output.
+
+exit codes (run): 0 every host's job exited 0; 1 a rank failed (torchrun's code); 124 stopped at
+--timeout; 2 bad input or no such bed (nothing started).
 """
 from __future__ import annotations
 
@@ -114,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
         bed = _pick(args.name)
         _check_chips(bed, env)  # HAL_* of the ranks checked before any agent starts (hal.launch_check)
         job = launch(bed, target, env=env)
-        result = job.wait(args.timeout)
+        # a failed host: the others are stopped 10 s later (they would wait for it until --timeout)
+        result = job.wait(args.timeout, stop_after_failure=10.0)
         return _report(result, args.timeout)
     if cmd == "exec":
         bed = _pick(args.name)
@@ -151,19 +161,16 @@ def _check_chips(bed, extra: dict) -> None:
     with the launching commands' rules for the bed's world size: one line and exit 2 on bad input."""
     import os
 
-    from hal.launch_check import CHIP_ENV, LaunchError, plan_ranks
+    from hal.launch_check import CHIP_ENV, LaunchError, check_plugins, plan_ranks
     from .launch import job_env
     env = {**os.environ, **job_env(bed, 0, extra)}
     if not any((env.get(k) or "").strip() for k in CHIP_ENV):
-        return  # every rank takes the chip the machine has (hal.accelerator's own default)
+        check_plugins(env)  # HAL_PLUGINS; every rank takes the chip the machine has (hal.accelerator's default)
+        return
 
     def no_default(_):
         raise LaunchError("unreachable: a chip variable is set")
-    world = bed.spec.world_size
-    try:
-        plan_ranks(world, None, env, no_default)
-    except LaunchError as exc:
-        raise LaunchError(f"bed {bed.name} ({world} ranks): {exc}") from None
+    plan_ranks(bed.spec.world_size, None, env, no_default, nproc_label=f"test bed {bed.name}'s rank count")
 
 
 def _report(result, timeout: float) -> int:
@@ -186,7 +193,8 @@ def _report(result, timeout: float) -> int:
               file=sys.stderr)
         print(f"hal testbed run: full log of every host: {f.name}", file=sys.stderr)
         return 124
-    code = max(abs(h.returncode or 0) for h in result.hosts)
+    # the failed agents' code (torchrun's), not the signal of the hosts stopped after them
+    code = max((h.returncode for h in result.hosts if not h.killed and h.returncode), default=1)
     print_failure("hal testbed run", code, text, f.name)
     return code
 

@@ -107,16 +107,24 @@ class Job:
         f.flush()
         return (Path(self._dir.name) / f"host{host}.log").read_text(errors="replace")
 
-    def wait(self, timeout: float) -> JobResult:
+    def wait(self, timeout: float, stop_after_failure: Optional[float] = None) -> JobResult:
         """Wait for every agent; past `timeout` (seconds since launch) stop the job: SIGTERM to each
         agent (torchrun then stops its workers), then SIGKILL to everything left in the host except
-        its init. Never hangs: returns within timeout + about 10 s."""
+        its init. Never hangs: returns within timeout + about 10 s. With `stop_after_failure`, the
+        other hosts are stopped that many seconds after one host's agent exits non-zero (their
+        agents would otherwise wait in torchrun's exit barrier, or their ranks in a collective with
+        the dead ones, until `timeout`); that is not a time-out."""
         deadline = self.started + timeout
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+        stop_at = None  # when the hosts left are stopped because one failed
+        while time.monotonic() < min(deadline, stop_at or deadline) and any(p.poll() is None for p in self.procs):
+            if stop_after_failure is not None and stop_at is None and any(p.poll() not in (None, 0)
+                                                                          for p in self.procs):
+                stop_at = time.monotonic() + stop_after_failure
             time.sleep(0.1)
-        timed_out = any(p.poll() is None for p in self.procs)
+        running = any(p.poll() is None for p in self.procs)
+        timed_out = running and (stop_at is None or deadline <= stop_at)
         killed = [False] * len(self.procs)
-        if timed_out:
+        if running:
             for h, p in enumerate(self.procs):
                 if p.poll() is None:
                     killed[h] = True
