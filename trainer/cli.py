@@ -9,13 +9,21 @@ examples:
   hal train --config examples/train/tiny.toml --steps 100 --run-dir runs/short
   hal train --config examples/train/tiny.toml --plan auto
 
-Writes <run dir>/metrics.jsonl, summary.json and checkpoints/ (docs/training.md).
+Writes <run dir>/metrics.jsonl, summary.json and checkpoints/ (docs/training.md), and the ranks'
+stderr to <run dir>/ranks.log.
+
+Before torchrun starts, the config, the overrides, the chips (cluster.emulate / cluster.spec, else
+HAL_EMULATE / HAL_CLUSTER / HAL_CHIP / HAL_PLUGINS), the data paths, the Plan (even / file) on that
+cluster and the run's folders are checked (hal.launch_check); a problem is one line naming the field,
+flag or variable and its value. If a rank fails, the first failing rank's error is printed once, with
+the path of the ranks' log.
+
+exit codes: 0 trained; 1 a rank failed; 2 bad input (nothing started).
 """
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 
@@ -51,21 +59,52 @@ def load(args: argparse.Namespace):
     return TrainConfig(**data)
 
 
-def _world(cfg, env: dict) -> int:
-    from hal.cluster import load_cluster_spec
+def plan(cfg, args: argparse.Namespace, environ: dict) -> tuple:
+    """(ranks to start, env for the ranks, how the chips were chosen, (chip, emulated) per rank), with
+    the config's chips, the chip environment, its files, its Plan and the run's folders checked
+    before torchrun starts (hal.launch_check: the launching commands' one validation pass). A
+    problem is a LaunchError / TrainConfigError naming the config field, flag or variable and value."""
+    from hal.launch_check import LaunchError, check_output_dir, plan_ranks
     from hal.topology import Topology
-    if cfg.cluster.spec:
-        return Topology.from_spec(load_cluster_spec(cfg.resolve(cfg.cluster.spec))).world_size
-    return Topology.from_env(env).world_size
+
+    from .config import TrainConfigError
+    env = dict(environ)
+    emulate = emulate_label = cluster_label = None
+    if cfg.cluster.emulate:  # the config names the chips: it wins over HAL_EMULATE / HAL_CLUSTER
+        emulate, emulate_label = cfg.cluster.emulate, f"cluster.emulate = {cfg.cluster.emulate!r} ({args.config})"
+    elif cfg.cluster.spec:
+        env.pop("HAL_EMULATE", None)
+        env["HAL_CLUSTER"] = str(cfg.resolve(cfg.cluster.spec))
+        cluster_label = f"cluster.spec = {cfg.cluster.spec!r} ({args.config})"
+
+    def no_cluster(_):
+        raise LaunchError(f"{args.config}: no cluster to train on: set cluster.emulate (e.g. 'cuda:2,ascend:2') "
+                          f"or cluster.spec in the config, or HAL_EMULATE / HAL_CLUSTER in the environment")
+    nproc, env, source, chips = plan_ranks(
+        None, emulate, env, no_cluster, emulate_label=emulate_label, cluster_label=cluster_label,
+        nproc_hint="give counts (cluster.emulate = 'cuda:2,ascend:2') or a cluster.spec in the config")
+    for p in cfg.data.paths if cfg.data.source == "files" else ():
+        if not cfg.resolve(p).exists():
+            raise TrainConfigError("data.paths", p, f"no such file or folder ({cfg.resolve(p)})")
+    if cfg.plan.source != "auto":  # the Plan the ranks will build, checked on this cluster and model now
+        from .loop import make_plan
+        make_plan(cfg, Topology.from_env(env, world_size=nproc), cfg.load_model_config(), None)
+    else:
+        cfg.load_model_config()
+    check_output_dir("--run-dir" if getattr(args, "run_dir", None) else "log.dir", str(cfg.run_dir))
+    if cfg.checkpoint.enabled:
+        check_output_dir("checkpoint.dir", str(cfg.checkpoint_dir))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return nproc, env, source, chips
 
 
 def run(args: argparse.Namespace) -> int:
     from hal.errors import HalError
+    from hal.launch_check import fail, run_ranks
     try:
         cfg = load(args)
     except HalError as exc:
-        print(f"hal train: error: {exc}", file=sys.stderr)
-        return 2
+        return fail("hal train", exc)
     if os.environ.get("TORCHELASTIC_RUN_ID") or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         from .elastic import exit_failed
         from .loop import train
@@ -74,36 +113,28 @@ def run(args: argparse.Namespace) -> int:
         except BaseException as exc:  # exit now; torchrun restarts the job (trainer/elastic.py)
             exit_failed(exc)
         return 0
-    env = dict(os.environ)
-    if cfg.cluster.emulate:
-        env["HAL_EMULATE"] = cfg.cluster.emulate
-    elif cfg.cluster.spec:
-        env["HAL_CLUSTER"] = str(cfg.resolve(cfg.cluster.spec))
     try:
-        nproc = _world(cfg, env)
+        nproc, env, source, chips = plan(cfg, args, os.environ)
     except HalError as exc:
-        print(f"hal train: error: cluster: {exc} (set cluster.emulate or cluster.spec in the config, or "
-              f"HAL_EMULATE / HAL_CLUSTER)", file=sys.stderr)
-        return 2
-    env.setdefault("OMP_NUM_THREADS", "1")
+        return fail("hal train", exc)
     from hal.testing import free_port  # the one free-port helper (hal.testing exports it)
     if getattr(args, "max_restarts", 0) < 0:
         print(f"hal train: error: --max-restarts {args.max_restarts}: must be >= 0", file=sys.stderr)
         return 2
+    # hal.rank_entry runs trainer.loop and reports an uncaught error as one line for run_ranks
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
            "--max-restarts", str(getattr(args, "max_restarts", 0)),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "trainer.loop",
-           "--config", os.path.abspath(args.config)]
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "hal.rank_entry",
+           "-m", "trainer.loop", "--config", os.path.abspath(args.config)]
     for k in _OVERRIDES:
         v = getattr(args, k, None)
         if v is not None:
             cmd += [f"--{k.replace('_', '-')}", str(os.path.abspath(v) if k == "run_dir" else v)]
-    emulated = bool(env.get("HAL_EMULATE"))
-    print(f"hal train: launching {nproc} ranks on this machine through torchrun"
-          + (f" (HAL_EMULATE={env['HAL_EMULATE']}: every chip EMULATED on this host's CPU)" if emulated else ""),
-          flush=True)
+    emulated = all(e for _, e in chips)
+    print(f"hal train: launching {nproc} ranks on this machine through torchrun, chips {source}"
+          + (": every chip EMULATED on this host's CPU" if emulated else ""), flush=True)
     t0 = time.perf_counter()
-    code = subprocess.call(cmd, env=env)
+    code = run_ranks("hal train", cmd, env, log=str(cfg.run_dir / "ranks.log"))
     print(f"hal train: {'done' if code == 0 else f'FAILED (exit code {code})'} in {time.perf_counter() - t0:.0f} s")
     return code
 
