@@ -86,7 +86,8 @@ def load_inputs(args: argparse.Namespace):
         raise CliError(f"--cluster: {exc}") from None
     try:
         matrices = load_matrices(getattr(args, "matrix", None))
-        facts = [chip_facts(sc, matrices) for sc in topo.sub_clusters]
+        from .facts import with_rails
+        facts = with_rails([chip_facts(sc, matrices) for sc in topo.sub_clusters], topo)
     except (OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
     node_of = {r: topo.node_of(r) for r in range(topo.world_size)}
@@ -130,7 +131,8 @@ def _run(args: argparse.Namespace) -> int:
     print("figures (per device) and their sources:")
     print(facts_table(facts) + "\n")
     try:
-        result = search(facts, model, batch, node_of=node_of, max_pp=args.max_pp, progress=progress)
+        result = search(facts, model, batch, node_of=node_of, max_pp=args.max_pp, progress=progress,
+                        topology=topo)
     except PlanSearchError as exc:
         raise CliError(str(exc)) from None
     best = result.best

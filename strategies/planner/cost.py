@@ -34,8 +34,10 @@ class ModelFacts:
     Parameters, FLOPs and activation bytes come from `strategies.models.ModelConfig` (one
     definition); activations with `attention="fused"`: torch's SDPA on CUDA/NPU keeps no scores."""
 
-    def __init__(self, cfg, dtype_bytes: int = BF16) -> None:
+    def __init__(self, cfg, dtype_bytes: int = BF16, op_profile=None) -> None:
         self.cfg = cfg
+        # an op_profile.OpProfile: price compute op by op (a roofline per op) instead of from totals
+        self.op_profile = op_profile
         # bytes per activation element (2: bf16 training; 4: an fp32 run, e.g. emulated on a CPU)
         self.dtype_bytes = dtype_bytes
         self.name, self.layers, self.hidden, self.heads = cfg.name, cfg.layers, cfg.hidden, cfg.heads
@@ -116,12 +118,33 @@ def dp_reduce_time(nbytes: float, parts: Sequence[tuple[ChipFacts, int, float]])
         f, n, bw = parts[0]
         return allreduce_time(nbytes, n, bw, f.link_latency)
     k = len(parts)
+    # a rail's bandwidth: hal.topology's Topology.rail_bandwidth (ChipFacts.rail_bw, facts.with_rails)
+    rail_bw = min(f.rail_bw or f.nic_bw for f, _, _ in parts)
+    lat = max(f.link_latency for f, _, _ in parts)
+    if not rails_for(tuple(n for _, n, _ in parts)):
+        # leader-only bridge (more parts than its max_parts, hal.topology.rail_layout): intra reduce to
+        # one leader, the whole buffer across on the leader rail, intra broadcast
+        intra = max(2 * gather_time(nbytes, n, bw, f.link_latency) for f, n, bw in parts)
+        copies = max(2 * nbytes / f.host_copy_bw for f, _, _ in parts)
+        return intra + copies + allreduce_time(nbytes, k, rail_bw, lat)
     intra = max(2 * gather_time(nbytes, n, bw, f.link_latency) for f, n, bw in parts)
     share = max(nbytes / n for _, n, _ in parts)
     copies = max(2 * share / f.host_copy_bw for f, _, _ in parts)
-    rail_bw = min(f.nic_bw for f, _, _ in parts)
-    cross = allreduce_time(share, k, rail_bw, max(f.link_latency for f, _, _ in parts))
+    cross = allreduce_time(share, k, rail_bw, lat)
     return intra + copies + cross
+
+
+_RAILS: dict = {}
+
+
+def rails_for(sizes: tuple[int, ...]) -> bool:
+    """Whether the bridge runs its rails (True) or only the leader rail for a group whose chip groups
+    have `sizes` ranks: hal.topology.rail_layout's rule (parts = lcm of the sizes <= max_parts)."""
+    if sizes not in _RAILS:
+        from hal.topology import rail_layout
+        keys = [(f"part{i}", False) for i, n in enumerate(sizes) for _ in range(n)]
+        _RAILS[sizes] = rail_layout(keys).rail_mode
+    return _RAILS[sizes]
 
 
 def p2p_time(nbytes: float, src: ChipFacts, dst: ChipFacts, same_node: bool) -> float:
@@ -184,6 +207,11 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     bwd = 2 * compute_fwd + 2 * elementwise + (tp_comm + ep_comm) / 2
     if recompute:
         bwd += compute_fwd + elementwise + (tp_comm + ep_comm) / 2
+    op_opt = None
+    if m.op_profile is not None and not m.experts:     # op by op (op_profile.py); comm as above
+        from .op_profile import stage_seconds
+        pf, pb, op_opt = stage_seconds(m.op_profile, f.flops, f.memory_bw, tp, n_layers, first, last, mb, recompute)
+        fwd, bwd = pf + (tp_comm + ep_comm) / 2, pb + (tp_comm + ep_comm) / 2
     # memory
     layer_p = m.layer_params
     if m.experts and experts_local is not None:
@@ -206,6 +234,6 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     buckets = params * GRAD_BYTES if zero == 0 and dp > 1 else 0.0
     memory = state + buckets + act_keep + max(act_work, loss) + zero3_gather + BRIDGE_STAGING
     shard = dp if zero >= 1 else 1
-    optimizer = params / shard * ADAM_TRAFFIC / f.memory_bw
+    optimizer = params / shard * ADAM_TRAFFIC / f.memory_bw if op_opt is None else op_opt / shard
     return ReplicaCost(fwd=fwd, bwd=bwd, tp_comm=tp_comm, ep_comm=ep_comm, params_local=params,
                        memory=memory, optimizer=optimizer)

@@ -63,6 +63,10 @@ class ChipFacts:
     # seconds per message on a link (the alpha of alpha-beta costs): 0 for catalog/spec links (large
     # messages, where bandwidth dominates); measured on the host for timed emulation's CPU fabric
     link_latency: float = 0.0
+    # per-rank bandwidth of the bridge's rails across sub-clusters: hal.topology's
+    # Topology.rail_bandwidth (the slowest NIC among a rail's members) x LINK_EFFICIENCY, set by
+    # `with_rails`; None: this sub-cluster's own NIC (a caller without the topology)
+    rail_bw: Optional[float] = None
 
     @property
     def size(self) -> int:
@@ -80,7 +84,8 @@ class ChipFacts:
                 ("memory bandwidth", g(self.memory_bw, "B/s"), self.sources["memory_bw"]),
                 ("intra-node link", g(self.intra_bw, "B/s"), self.sources["intra_bw"]),
                 ("NIC per rank", g(self.nic_bw, "B/s"), self.sources["nic_bw"]),
-                ("device<->host copy", g(self.host_copy_bw, "B/s"), self.sources["host_copy_bw"])]
+                ("device<->host copy", g(self.host_copy_bw, "B/s"), self.sources["host_copy_bw"])] + \
+            ([("rail across sub-clusters", g(self.rail_bw, "B/s"), self.sources["rail_bw"])] if self.rail_bw else [])
 
 
 def _catalog_profile(chip: str, model: Optional[str]):
@@ -179,6 +184,21 @@ def chip_facts(sc, matrices: Optional[dict[str, dict]] = None, dtype: str = "bfl
                      ranks_per_node=len(sc.nodes[0]) if sc.nodes else len(sc.ranks),
                      flops=flops, peak=peak or flops, memory=memory, memory_bw=mem_bw, intra_bw=intra, nic_bw=nic,
                      host_copy_bw=DEFAULT_HOST_COPY_BW[0], sources=src)
+
+
+def with_rails(facts: list[ChipFacts], topo) -> list[ChipFacts]:
+    """`facts` with `rail_bw` from the topology's one definition of a rail's bandwidth: the leader
+    rail's (`Topology.rail_bandwidth(0)`, the slowest NIC among one rank of every chip group; every
+    rail of the bridge has one member per chip group, so all rails have this figure) x
+    LINK_EFFICIENCY. A measured rail figure would replace it (none is measured yet)."""
+    import dataclasses
+    if len(topo.sub_clusters) < 2:
+        return list(facts)
+    link = topo.rail_bandwidth(0)
+    src = (f"topology: Topology.rail_bandwidth(rail 0) = slowest NIC of {list(topo.rails[0])} "
+           f"({link.source}) x {LINK_EFFICIENCY} link efficiency")
+    return [dataclasses.replace(f, rail_bw=link.bytes_per_s * LINK_EFFICIENCY,
+                                sources={**f.sources, "rail_bw": src}) for f in facts]
 
 
 def emulated_chip_facts(topo, scale: float, link_bw: float, link_latency: float, dtype: str = "float32",

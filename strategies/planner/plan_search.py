@@ -35,7 +35,7 @@ from typing import Callable, Optional, Sequence
 from hal.errors import HalError
 
 from .cost import ModelFacts, dp_reduce_time, p2p_time, replica_cost, GRAD_BYTES
-from .facts import ChipFacts
+from .facts import ChipFacts, with_rails
 from .simulate import Layout, RepSpec, SimResult, StageSpec, simulate
 
 ZERO_LEVELS = (0, 2, 3)
@@ -551,23 +551,36 @@ def batch_shares(facts: Sequence[ChipFacts], batch: int, quantum: int = 8) -> li
 
 
 def search(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, node_of=None, max_pp: int = 32,
-           keep: int = 6, progress: Optional[Callable[[str], None]] = None) -> SearchResult:
-    """Best layout for the whole cluster, the best even layout, and each sub-cluster planned alone."""
+           keep: int = 6, progress: Optional[Callable[[str], None]] = None, topology=None) -> SearchResult:
+    """Best layout for the whole cluster, the best even layout, and each sub-cluster planned alone.
+    With `topology` (hal.topology.Topology) traffic across sub-clusters is priced on its rail
+    bandwidth (facts.with_rails); without, on the slowest NIC of the parts."""
     t0 = time.perf_counter()
+    if topology is not None:
+        facts = with_rails(list(facts), topology)
     say = progress or (lambda msg: None)
     evaluated = 0
     parts = {}
-    # a share rounded to a multiple of 8 may have few divisors (8 x a prime: 6056 = 8 x 757) and no
-    # micro-batch split that fits; then the share is rounded to a coarser multiple (64, 512)
+    # A share rounded to a multiple of 8 may have few divisors (760 = 8 x 95, 6056 = 8 x 757): few
+    # micro-batch splits, a part that plans badly or not at all, hence an ideal set too low. So each
+    # part is also planned on its share rounded to a multiple of 64 (and 512 when nothing fits yet)
+    # and the ideal takes its best: the higher ideal (a stricter efficiency figure).
     share_sets = [batch_shares(facts, batch, q) for q in (8, 64, 512)]
+    exact = batch_shares(facts, batch, 1)
     for i, f in enumerate(facts):
-        for shares in share_sets:
+        fin = None
+        for k, shares in enumerate(share_sets):
             share = shares[i]
+            if k and fin and abs(share - exact[i]) > max(8, 0.05 * exact[i]):
+                continue    # a coarser rounding far from the part's share (more rows: a smaller bubble)
             say(f"planning {f.name} alone ({f.size} x {f.model}, its share of the batch: {share})")
             cs = mixed_candidates([f], model, share, max_pp=max_pp)
             evaluated += len(cs)
-            fin = _finalize(cs, model, keep, node_of)
-            if fin:
+            got = _finalize(cs, model, keep, node_of)
+            got = [c for c in got if c.sim.fits]
+            if got and (fin is None or got[0].sim.tokens_per_s > fin[0].sim.tokens_per_s):
+                fin = got
+            if fin and share % 64 == 0:
                 break
         if not fin:
             raise PlanSearchError(f"no layout of {model.name} fits sub-cluster {f.name} ({f.size} x {f.model}, "
