@@ -35,7 +35,10 @@ def available() -> tuple[bool, str]:
     try:
         from . import _shm  # noqa: F401
     except ImportError as exc:
-        return False, f"hal.shm._shm did not import ({exc}); reinstall with `pip install -e .` and a C++17 compiler"
+        return False, (f"hal.shm._shm did not import ({exc}): this install has no shared-memory fabric (built "
+                       f"with HAL_BUILD_SHM=0, or without a compiler); to get it, reinstall with a C++17 "
+                       f"compiler and HAL_BUILD_SHM unset (`pip install .`), or install the project's wheel; "
+                       f"meanwhile HAL_CPU_CCL=auto (the default) uses gloo")
     return True, ""
 
 
