@@ -1,14 +1,13 @@
 """Per-call cost of `hal.ops` dispatch: hal.ops.X versus calling the selected kernel directly (what a
 user would otherwise write) and versus the reference kernel directly.
 
-    python benchmarks/dispatch.py [--chip cpu] [--emulated] [--calls 2000] [--repeats 7]
+    python -m benchmarks.dispatch [--chip cpu] [--emulated] [--calls 2000] [--repeats 7]
 
 Tensors are tiny so that the call overhead shows rather than the arithmetic. Each variant is timed
 --repeats x --calls times in samples of 50 calls, the variants taking turns sample by sample (the
 machine is shared and noisy: a burst of load then hits every variant alike); the table shows the
-median per call, and "overhead" the median of the paired differences hal.ops - selected with +-
-half their interquartile range (the noise). "overhead" is the median of the
-per-repeat differences hal.ops - selected. The "dispatch floor" row binds a no-op kernel (through a
+median per call, and "overhead" the median of the paired differences hal.ops - selected, sample by
+sample, with +- half their interquartile range (the noise). The "dispatch floor" row binds a no-op kernel (through a
 throwaway plugin of priority 1000) so that nothing but the dispatch is timed. Target: < 1 µs.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@ namespaces, one veth NIC per rank on a Linux-bridge switch, tc-shaped links; tor
 
   hal testbed up --ranks 2,2 --rate 200Mb/s --chips cuda:2,ascend:2   # prints the bed's name
   hal testbed up --cluster examples/clusters/h800-910b-32.toml --scale 1000 --max-rate 400Mb/s
-  hal testbed run -- -m ccl_bridge.cli_bench comm --backend hetero --baseline gloo --max-bytes 64M
+  hal testbed run -- -m commands.bench comm --backend hetero --baseline gloo --max-bytes 64M
   hal testbed run --timeout 300 -- train.py --steps 10     # any torchrun target, one agent per host
   hal testbed exec --host 1 -- ip -br addr                # a command inside host 1
   hal testbed status                                      # beds up, their hosts, NICs and shaping
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         from .launch import launch
         target = _strip(args.target)
         if not target:
-            raise TestbedSpecError("hal testbed run: give a target after --, e.g. -- -m ccl_bridge.cli_bench comm")
+            raise TestbedSpecError("hal testbed run: give a target after --, e.g. -- -m commands.bench comm")
         env = {}
         for kv in args.env:
             if "=" not in kv:

@@ -1,6 +1,6 @@
 """torchrun across the bed's hosts: one agent per host, static rendezvous on host 0's NIC 0.
 
-    job = launch(bed, ["-m", "ccl_bridge.cli_bench", "comm", ...], env={"HAL_EMULATE": "cuda:2,ascend:2"})
+    job = launch(bed, ["-m", "commands.bench", "comm", ...], env={"HAL_EMULATE": "cuda:2,ascend:2"})
     result = job.wait(timeout=120)        # every agent's exit code and output; kills the job on timeout
 
 What each host runs is what a real node runs (docs/mixed-cluster.md, section 4):

@@ -1,6 +1,6 @@
 """torchrun entry point that binds this rank's gloo traffic to its own NIC, then runs the real target.
 
-    torchrun ... -m testbed.rank_nic -m ccl_bridge.cli_bench comm ...     # a module
+    torchrun ... -m testbed.rank_nic -m commands.bench comm ...     # a module
     torchrun ... -m testbed.rank_nic train.py --lr 1e-3                   # a script
 
 torchrun gives every local rank the same environment, but on a rail-optimized host local rank i owns
