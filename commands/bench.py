@@ -18,6 +18,9 @@ examples:
 
 The measurement is benchmarks/comm.py on the harness benchmarks/harness.py (sizes, medians, nccl-tests
 bus bandwidth from hal.efficiency, the table), which every benchmark in benchmarks/ shares.
+
+exit codes: 0 measured, every result right (#wrong 0); 1 a wrong result or a rank failed (the first
+failing rank's error is printed once, with the log of every rank); 2 bad input (nothing started).
 """
 from __future__ import annotations
 
