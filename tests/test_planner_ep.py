@@ -1,0 +1,149 @@
+"""The planner's expert data parallel (EP groups inside DP: a Plan stage's `ep`) and its rail figures
+from hal.topology: the EP degrees searched, the EP all_to_all's link, the expert gradient reduction,
+plans with ep < dp that Plan.check accepts and that round-trip through Plan with the same simulated
+step, and the cross-sub-cluster reduction priced on Topology.rail_bandwidth with the bridge's
+leader-only rule. Single process, pure arithmetic over plans (no torch.distributed)."""
+from __future__ import annotations
+
+import pytest
+
+from hal.cluster import parse_cluster_spec
+from hal.topology import Topology
+from strategies.models import ModelConfig
+from strategies.planner import ModelFacts, chip_facts, search, simulate
+from strategies.planner import plan_search as S
+from strategies.planner.convert import from_plan, to_plan
+from strategies.planner.cost import dp_reduce_time, rails_for
+from strategies.planner.facts import LINK_EFFICIENCY, with_rails
+from strategies.planner.simulate import Layout, RepSpec, StageSpec
+
+MOE = ModelConfig(name="small-moe", layers=4, hidden=1024, heads=16, ffn=1408, vocab=32000, seq=1024,
+                  experts=8, top_k=2)
+
+
+def _topo(*subs: tuple, extra: str = "") -> Topology:
+    text = ""
+    for name, chip, model, nodes, rpn, *nic in subs:
+        text += (f'[[sub_clusters]]\nname = "{name}"\nchip = "{chip}"\nmodel = "{model}"\n'
+                 f"nodes = {nodes}\nranks_per_node = {rpn}\n" + (f"nic_bandwidth = {nic[0]}\n" if nic else ""))
+    return Topology.from_spec(parse_cluster_spec(text))
+
+
+def _facts(topo):
+    return [chip_facts(sc) for sc in topo.sub_clusters], {r: topo.node_of(r) for r in range(topo.world_size)}
+
+
+def test_ep_options_are_divisors_of_the_experts_that_split_every_kind():
+    m = ModelFacts(MOE)
+    assert S.ep_options(m, [8, 4]) == [1, 2, 4]            # 12 replicas > 8 experts: no ep = dp
+    assert S.ep_options(m, [4, 2]) == [None, 1, 2]         # 6 <= 8: one EP group also tried
+    assert S.ep_options(m, [4, 4], even=True) == [None, 1, 2, 4]
+    assert S.ep_options(ModelFacts(ModelConfig(name="d", layers=2, hidden=64, heads=4, ffn=128, vocab=64,
+                                               seq=16)), [8]) == [None]
+
+
+def _ep_layout(facts, node_of, ep: int, mb: int = 2) -> Layout:
+    h = facts[0]
+    reps = [RepSpec(h, (r,), mb, MOE.experts // ep) for r in range(16)]
+    return Layout(stages=[StageSpec((0, MOE.layers), reps, False, ep=ep)], m=2, node_of=node_of)
+
+
+def test_ep_all_to_all_stays_in_the_node_when_the_group_fits_and_copies_reduce():
+    # 16 H100 ranks, 8 per node: an EP group of 8 replicas is one node (its all_to_all on NVLink);
+    # the same layout with every rank on its own node runs the all_to_all on the NIC
+    facts, node_of = _facts(_topo(("h", "cuda", "H100", 2, 8)))
+    m, h = ModelFacts(MOE), facts[0]
+    assert h.intra_bw > 4 * h.nic_bw
+    in_node = simulate(_ep_layout(facts, node_of, 8), m)
+    spread = simulate(_ep_layout(facts, {r: r for r in range(16)}, 8), m)
+    assert spread.step_time_s > in_node.step_time_s
+    # the search's closed form makes the same choice (ep x tp ranks fit a node: the intra link) and
+    # charges 4 all_to_all per layer of the replica's rows x top_k x hidden bf16, (ep - 1) / ep leaving
+    from strategies.planner.cost import replica_cost
+    g = S.Group(h, 1, 2, MOE.experts // 8, 16)
+    ep, gmb = S.ep_of(m, 8, 16, g, h.nic_bw, 32)
+    assert ep == (8, h.intra_bw) and gmb == 16
+    assert S.ep_of(m, 16, 16, g, h.nic_bw, 32)[0] == (16, h.nic_bw)     # 16 ranks > 8 per node
+    c = replica_cost(m, h, 1, MOE.layers, False, False, 2, False, 0, 16, 1, ep=ep, experts_local=1, group_mb=gmb)
+    a2a = 4 * MOE.layers * 7 / 8 * (2 * MOE.seq) * MOE.top_k * MOE.hidden * 2
+    assert c.ep_comm == pytest.approx(a2a / h.intra_bw, rel=1e-9)
+    # expert data parallel: with ep 8 each expert has 2 copies (one per EP group) whose fp32
+    # gradients are reduced after the dense ones: the reduction window covers both
+    eparams = MOE.layers * m.expert_params * (MOE.experts // 8)
+    red = dp_reduce_time(eparams * 4, [(h, 2, h.nic_bw)])
+    lay = _ep_layout(facts, node_of, 8)
+    lay.zero = 2     # FSDP2's reduction (ZeRO-2): no DDP bucket copies in the window
+    traced = simulate(lay, m, trace=True)
+    c0 = replica_cost(m, h, 1, MOE.layers, True, True, 2, False, 0, 16, 2, ep=ep, experts_local=1, group_mb=gmb)
+    dense = dp_reduce_time((c0.params_local - eparams) * 4, [(h, 16, h.nic_bw)])
+    window = max(e["dur"] for e in traced.trace if e["name"] == "dp_reduce") / 1e6
+    assert red > 0 and window == pytest.approx(dense + red, rel=1e-9)   # the reduction is exposed here
+
+
+def test_search_picks_ep_below_dp_and_plans_check_and_round_trip():
+    # 32 H100 + 16 910B2: any layout has more replicas than the 8 experts unless TP/PP are deep, so
+    # the planner must use EP groups inside DP (before, a Plan's EP group was the whole DP group)
+    topo = _topo(("h", "cuda", "H100", 4, 8), ("a", "ascend", "910B2", 2, 8))
+    facts, node_of = _facts(topo)
+    m = ModelFacts(MOE)
+    res = search(facts, m, 96, node_of=node_of, topology=topo)
+    with_ep = 0
+    for cand in res.finalists + ([res.even] if res.even else []):
+        plan = to_plan(cand.layout, MOE.name)
+        plan.check(topo, MOE)
+        for st in plan.stages:
+            if st.ep is not None and st.ep < st.dp:
+                with_ep += 1
+                e = st.ep
+                # every EP group hosts every expert once, with group 0's placement
+                assert sorted(x for ids in st.experts[:e] for x in ids) == list(range(MOE.experts))
+                assert st.experts == st.experts[:e] * (st.dp // e)
+        assert cand.sim.fits
+        assert plan.global_batch == 96
+        # the Plan carries ep: read back, it simulates exactly as the searched layout (same figures)
+        again = simulate(from_plan(plan, [r.facts for r in _kinds(cand.layout)], node_of), m)
+        assert again.step_time_s == pytest.approx(cand.sim.step_time_s, rel=1e-9)
+    assert with_ep > 0, "no finalist used EP groups inside DP"
+    assert 0 < res.efficiency <= 1.05 and res.efficiency >= (res.even_efficiency or 0)
+
+
+def _kinds(layout: Layout) -> list[RepSpec]:
+    """One replica of each sub-cluster in the layout (their facts carry the search's rail figure)."""
+    seen: dict = {}
+    for st in layout.stages:
+        for r in st.reps:
+            seen.setdefault(r.facts.name, r)
+    return list(seen.values())
+
+
+def test_rail_bandwidth_is_the_topologys():
+    # the kunlun sub-cluster has a slower NIC (spec): every rail crosses it, so it sets the rail figure
+    topo = _topo(("h", "cuda", "H100", 1, 8), ("k", "kunlun", "P800", 1, 8, 5e9))
+    facts = with_rails([chip_facts(sc) for sc in topo.sub_clusters], topo)
+    want = topo.rail_bandwidth(0).bytes_per_s * LINK_EFFICIENCY
+    assert want == pytest.approx(5e9 * LINK_EFFICIENCY)
+    assert all(f.rail_bw == pytest.approx(want) for f in facts)
+    assert "Topology.rail_bandwidth" in facts[0].sources["rail_bw"]
+    assert any(row[0] == "rail across sub-clusters" for row in facts[0].describe())
+    # cross time of a 2-part reduction is priced on it: halving the rail doubles the cross term
+    h, k = facts
+    nbytes = 1e9
+    t = dp_reduce_time(nbytes, [(h, 8, h.intra_bw), (k, 8, k.intra_bw)])
+    import dataclasses
+    slow = [dataclasses.replace(f, rail_bw=want / 2) for f in facts]
+    t2 = dp_reduce_time(nbytes, [(slow[0], 8, h.intra_bw), (slow[1], 8, k.intra_bw)])
+    cross = 2 * (2 - 1) / 2 * (nbytes / 8) / want
+    assert t2 - t == pytest.approx(cross, rel=1e-9)
+
+
+def test_leader_only_bridge_carries_the_whole_buffer():
+    # hal.topology.rail_layout: parts = lcm(sizes); above max_parts (256) only the leader rail
+    assert rails_for((8, 8)) and rails_for((128, 64))
+    assert not rails_for((17, 16))       # lcm 272 > 256
+    topo = _topo(("h", "cuda", "H100", 1, 8), ("a", "ascend", "910B2", 1, 8))
+    h, a = with_rails([chip_facts(sc) for sc in topo.sub_clusters], topo)
+    nbytes = 1e9
+    rails = dp_reduce_time(nbytes, [(h, 16, h.nic_bw), (a, 16, a.nic_bw)])
+    leader = dp_reduce_time(nbytes, [(h, 17, h.nic_bw), (a, 16, a.nic_bw)])
+    # the leader rail carries the whole buffer (2(k-1)/k = 1 of it for k = 2), the rails 1/16 each
+    assert leader - rails > (1 - 1 / 16) * nbytes / h.rail_bw
