@@ -13,7 +13,7 @@ reshards (trainer.checkpoint).
 
 Run state, `<run dir>/elastic.json` (rank 0): `state` "running" while a job runs, "finished" at a clean end;
 a job that starts and finds "running" knows the previous one failed. It keeps `restarts`, one entry per
-recovery: the step the failed job had reached (`failed_at_step`), the checkpoint step resumed from, the
+recovery: the last step the failed job completed (`failed_at_step`), the checkpoint step resumed from, the
 steps lost, the first error seen (`error`), world and chips before and after, whether the plan changed,
 `restart_s` (failure -> first step completed again) and `recovered_s` (failure -> back at the step reached).
 The failure time is the earliest failure record of the failed job, else its last metrics record.
@@ -137,7 +137,7 @@ class Elastic:
                 "chips_before": prev.get("chips"), "chips_after": kinds,
                 "replanned": prev.get("plan") != plan_json, "resharded": resharded,
                 "restart_s": None, "recovered_s": None}
-            self.log(f"hal train: restarted after a failure at step {reached} ({self.pending['error']}): resumed "
+            self.log(f"hal train: restarted after a failure in step {reached + 1} ({self.pending['error']}): resumed "
                      f"from step {resumed_step}, {reached - resumed_step} step(s) lost; world "
                      f"{prev.get('world')} -> {self.world}"
                      + ("; re-planned for this cluster" if self.pending["replanned"] else ""))
@@ -162,9 +162,9 @@ class Elastic:
             self.pending = None
             self._write()
             keys["restart"] = p
-            self.log(f"hal train: recovered at step {done}: {p['restart_s']:.1f} s from the failure to the first "
-                     f"step again, {p['recovered_s']:.1f} s to step {p['failed_at_step']}; {p['steps_lost']} "
-                     f"step(s) lost")
+            self.log(f"hal train: recovered: {p['restart_s']:.1f} s from the failure to the first step done again "
+                     f"(step {p['resumed_from_step'] + 1}), {p['recovered_s']:.1f} s to step {done} "
+                     f"({p['steps_lost']} step(s) lost and redone)")
         return keys
 
     def finish(self) -> dict:
@@ -249,3 +249,24 @@ def exit_failed(exc: BaseException) -> None:
     sys.stderr.flush()
     sys.stdout.flush()
     os._exit(1)
+
+
+def init_process_group(backend: str, timeout) -> None:
+    """`dist.init_process_group`, with the store of a torchrun job under a prefix of its restart count.
+
+    torchrun's static rendezvous (one node, --master-addr/--master-port) keeps ONE agent TCPStore across
+    restarts (torch 2.13 static_tcp_rendezvous.py: `if not self._store` creates it once), while the
+    workers' env:// rendezvous assumes a fresh store per retry (rendezvous.py, _create_c10d_store: "We
+    create a new TCPStore for every retry so no need to add prefix for each attempt"). The restarted
+    workers then read the failed job's keys - gloo peer addresses of dead processes - and group creation
+    fails ("connectFullMesh ... Connection refused", seen here). A prefix per restart count keeps each
+    job's keys apart."""
+    import torch.distributed as dist
+    env = os.environ
+    if under_torchrun() and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=False, timeout=timeout)
+        store = dist.PrefixStore(f"hal_train/attempt_{attempt()}", store)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        dist.init_process_group(backend, timeout=timeout)

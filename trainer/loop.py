@@ -40,7 +40,8 @@ def _init(cfg: TrainConfig) -> None:
     if cfg.backend == "hetero":
         import ccl_bridge  # noqa: F401 - registers the `hetero` backend
     if not dist.is_initialized():
-        dist.init_process_group(cfg.backend, timeout=timedelta(seconds=cfg.timeout_s))
+        from .elastic import init_process_group  # a restarted job's keys apart from the failed one's
+        init_process_group(cfg.backend, timedelta(seconds=cfg.timeout_s))
 
 
 def make_plan(cfg: TrainConfig, topo, model_cfg, group):
