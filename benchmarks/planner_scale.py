@@ -6,11 +6,17 @@ and a MoE model. Prints a table; efficiency is the chosen plan's predicted token
 figures are the cost model's predictions, not measured training.
 
     python benchmarks/planner_scale.py [--sizes 64,256,1024,4096,8192] [--models llama-70b,moe-8x7b]
+                                       [--repeats 3]
+
+Wall and CPU seconds are the median of --repeats searches (the machine is shared: wall time grows
+with load, CPU seconds much less); the plan and its figures are the same every repeat (the search is
+deterministic). "even" is the best Plan.even layout's tokens/s over the same ideal.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -38,6 +44,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="64,256,1024,4096,8192")
     ap.add_argument("--models", default="llama-70b,moe-8x7b")
     ap.add_argument("--tokens", type=int, default=1 << 22, help="global batch in tokens (default 4M)")
+    ap.add_argument("--repeats", type=int, default=3, help="searches per size; wall and CPU s are their median")
     args = ap.parse_args()
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     print(f"load average at start: {os.getloadavg()[0]:.1f} (wall times grow with load; CPU s do not)")
@@ -51,16 +58,21 @@ def main() -> int:
             facts = [chip_facts(sc) for sc in topo.sub_clusters]
             node_of = {r: topo.node_of(r) for r in range(topo.world_size)}
             batch = max(n, args.tokens // cfg.seq)
-            w0, c0 = time.perf_counter(), time.process_time()
+            walls, cpus = [], []
             try:
-                res = search(facts, model, batch, node_of=node_of, topology=topo)
+                for _ in range(max(1, args.repeats)):
+                    w0, c0 = time.perf_counter(), time.process_time()
+                    res = search(facts, model, batch, node_of=node_of, topology=topo)
+                    walls.append(time.perf_counter() - w0)
+                    cpus.append(time.process_time() - c0)
             except Exception as exc:  # report and go on: one size that fits nothing is a figure too
                 print(f"{name:10} {n:6} {batch:6} {'-':>7} {'-':>6} {'-':>6} {'-':>10} {'-':>6}  {type(exc).__name__}: {exc}")
                 continue
-            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+            wall, cpu = statistics.median(walls), statistics.median(cpus)
             ev = f"{res.even_efficiency:.1%}" if res.even_efficiency is not None else "none"
             print(f"{name:10} {n:6} {batch:6} {wall:7.1f} {cpu:6.1f} {res.evaluated:6} {res.efficiency:10.1%} "
                   f"{ev:>6}  {res.best.describe}", flush=True)
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
     return 0
 
 

@@ -2,9 +2,10 @@
 a single-process run of the same MoE model on the same global batches.
 
 One 4-rank WorkerPool, all EMULATED on the CPU (`hetero` backend): cuda:2 (ranks 0-1), kunlun:2
-(ranks 2-3). The tiny MoE GPT of tests/_pp_cases.py (4 blocks, 4 experts top-2, capacity factor 1.25,
-so tokens drop) trains 3 SGD steps with one stage of DP = 4 replicas (uneven rows 3, 3, 1, 1 per
-micro-batch, 2 micro-batches):
+(ranks 2-3). The tiny MoE GPT of tests/_pp_cases.py (4 blocks, 4 experts top-2, capacity factor
+1.25: no drops over the whole micro-batch at the start, but capacity over one EP group's half would
+drop) trains 3 SGD steps with one stage of DP = 4 replicas (uneven rows 3, 3, 1, 1 per micro-batch,
+2 micro-batches):
   - EP = 2: EP groups {0, 1} (cuda) and {2, 3} (kunlun), each hosting experts [0, 1] | [2, 3]; the
     expert-DP groups {0, 2} and {1, 3} cross chips and SUM the copies' gradients (reduce_expert_grads);
     routing statistics (capacity, drop order, aux f_e) over the whole DP group (strategies/moe.py);
@@ -15,7 +16,9 @@ run, and have moved by >= 1e-5 and >= 10 x its difference. SGD makes the final p
 init - lr x (sum of the step gradients), so matching parameters after 3 steps means the gradients of
 each step matched (within TOL / lr = 4e-6); the loss of every step must match within 1e-5. Copies of
 an expert in different EP groups must agree exactly (a missing or doubled expert-DP reduction fails
-that and the tolerance). Measured: see the test output (-s); the largest difference was 1e-7 order.
+that and the tolerance). Measured (-s): at most 1.2e-8. Checked by hand: without reduce_expert_grads
+the copies disagree; with routing statistics per EP group (no stats_group) parameters are off by
+up to 6e-4, so both halves of expert data parallel are held by this test.
 """
 import json
 
