@@ -107,3 +107,21 @@ def test_no_module_launches_a_strategies_module_by_name():
     for path in list((root / "hal").rglob("*.py")) + list((root / "commands").rglob("*.py")):
         text = path.read_text()
         assert '"-m", "strategies.' not in text and "-m strategies." not in text, path
+
+
+def test_a_subcommand_whose_package_is_missing_says_so(monkeypatch, capsys):
+    """A table entry whose package is not installed: one line naming the command and module, exit 2,
+    and the other commands still work; a module that exists but fails on its own import is not hidden."""
+    import hal.cli as cli
+    monkeypatch.setitem(cli.SUBCOMMANDS, "nosuch", ("nosuchpkg_for_test.cli", "a command from a missing package"))
+    assert cli.main(["nosuch", "--flag"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("hal: error: hal nosuch: its module nosuchpkg_for_test.cli is not installed (no module "
+                           "'nosuchpkg_for_test'); install the package that provides it (`pip install -e .` in "
+                           "this repository installs every layer)")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--help"])
+    assert exc.value.code == 0 and "a command from a missing package" in capsys.readouterr().out
+    monkeypatch.setitem(cli.SUBCOMMANDS, "broken", ("tests._cli_broken_subcommand", "imports a missing dependency"))
+    with pytest.raises(ModuleNotFoundError, match="no_such_dependency_for_test"):
+        cli.main(["broken"])
