@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="torchrun --max-restarts: restart the job up to N times after a rank fails; each restart "
                         "resumes from the newest complete checkpoint (docs/training.md, faults)")
+    p.add_argument("--measure-parts", action="store_true",
+                   help="first run each sub-cluster alone (planned for itself) and Plan.even for a few steps, "
+                        "so the run ends with its mixed-cluster efficiency (trainer/parts.py)")
 
 
 def load(args: argparse.Namespace):
@@ -117,6 +120,18 @@ def run(args: argparse.Namespace) -> int:
         nproc, env, source, chips = plan(cfg, args, os.environ)
     except HalError as exc:
         return fail("hal train", exc)
+    if cfg.cluster.timed:  # timed emulation for the local ranks (hal.timed)
+        env["HAL_EMULATE_TIMED"] = "1"
+        if cfg.cluster.time_scale:
+            env["HAL_EMULATE_TIME_SCALE"] = repr(cfg.cluster.time_scale)
+    if getattr(args, "measure_parts", False):  # each sub-cluster alone and Plan.even first (trainer/parts.py)
+        from .parts import measure
+        try:
+            code = measure(args, cfg, run)
+        except HalError as exc:
+            return fail("hal train --measure-parts", exc)
+        if code != 0:
+            return code
     from hal.testing import free_port  # the one free-port helper (hal.testing exports it)
     if getattr(args, "max_restarts", 0) < 0:
         print(f"hal train: error: --max-restarts {args.max_restarts}: must be >= 0", file=sys.stderr)

@@ -55,6 +55,8 @@ class OptimizerSection(_Section):
 class ClusterSection(_Section):
     spec: Optional[str] = Field(default=None, description="cluster spec TOML; None = HAL_EMULATE / HAL_CLUSTER")
     emulate: Optional[str] = Field(default=None, description="HAL_EMULATE map for a local run, e.g. cuda:2,ascend:2")
+    timed: bool = Field(default=False, description="timed emulation for a local run (HAL_EMULATE_TIMED=1, hal.timed)")
+    time_scale: Optional[float] = Field(default=None, gt=0, description="HAL_EMULATE_TIME_SCALE; None = hal.timed's default")
 
 
 class PlanSection(_Section):
@@ -89,6 +91,18 @@ class LogSection(_Section):
     print_interval: int = Field(default=10, ge=1)
 
 
+class SlowNodeSection(_Section):
+    threshold: float = Field(default=0.5, gt=0, description="slow = compute > (1 + threshold) x expected (trainer.slow_node)")
+    window: int = Field(default=5, ge=1, description="steps whose median the detector compares")
+    replan: bool = Field(default=False, description="write <run dir>/replan.json with slow replicas weighted down")
+
+
+class EfficiencySection(_Section):
+    steps: int = Field(default=8, ge=2, description="--measure-parts: steps of each sub-cluster alone and of Plan.even")
+    skip: int = Field(default=2, ge=0, description="first steps left out of the tokens/s medians (start-up)")
+    part: bool = Field(default=False, description="set by --measure-parts on its own runs (no efficiency lines)")
+
+
 class TrainConfig(_Section):
     seed: int = 0
     steps: int = Field(ge=1, description="steps of the schedule (cosine decays to its end)")
@@ -104,6 +118,8 @@ class TrainConfig(_Section):
     plan: PlanSection = PlanSection()
     checkpoint: CheckpointSection = CheckpointSection()
     log: LogSection = LogSection()
+    slow_node: SlowNodeSection = SlowNodeSection()
+    efficiency: EfficiencySection = EfficiencySection()
     base_dir: str = Field(default=".", description="set by from_toml: the config file's directory")
 
     def __init__(self, **data: Any) -> None:

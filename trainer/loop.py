@@ -34,6 +34,8 @@ import torch.distributed as dist
 from .config import TrainConfig, TrainConfigError
 from .data import VOCAB, Corpus, replica_rows, train_batch, val_batches
 from .elastic import Elastic
+from .metrics import global_grad_norm
+from .report import end_report, finish_report
 
 
 def _init(cfg: TrainConfig) -> None:
@@ -57,9 +59,11 @@ def make_plan(cfg: TrainConfig, topo, model_cfg, group):
             raise TrainConfigError("plan.file", p.file, f"no such file ({path})")
         plan = Plan.load(path)
     else:
+        from .autoplan import auto_plan, probe_link, timed_on
+        link = probe_link(group) if timed_on() else None  # timed emulation: this host's links, measured
         box: list[Any] = [None]
         if dist.get_rank() == 0:
-            box[0] = _auto_plan(cfg, topo, model_cfg).to_json()
+            box[0] = auto_plan(cfg, topo, model_cfg, link).to_json()
         dist.broadcast_object_list(box, src=0, group=group)
         plan = Plan.from_json(box[0])
     plan.check(topo, model_cfg)
@@ -74,19 +78,6 @@ def make_plan(cfg: TrainConfig, topo, model_cfg, group):
                                f"the plan runs {plan.num_microbatches} micro-batches x {plan.microbatch_size} "
                                f"rows = {plan.global_batch}")
     return plan
-
-
-def _auto_plan(cfg: TrainConfig, topo, model_cfg):
-    """The planner's best layout (strategies.planner: cost model + simulator, catalog figures)."""
-    from strategies.planner.convert import to_plan
-    from strategies.planner.cost import ModelFacts
-    from strategies.planner.facts import chip_facts, load_matrices
-    from strategies.planner.plan_search import search
-    matrices = load_matrices(None)
-    facts = [chip_facts(sc, matrices) for sc in topo.sub_clusters]
-    node_of = {r: topo.node_of(r) for r in range(topo.world_size)}
-    result = search(facts, ModelFacts(model_cfg), cfg.global_batch, node_of=node_of, max_pp=cfg.plan.max_pp)
-    return to_plan(result.best.layout, model_cfg.name, "1F1B")
 
 
 def _digest(params: dict[str, torch.Tensor]) -> str:
@@ -163,7 +154,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
         if found is not None:
             log(f"  resumed from {ckpt.step_dir(ckpt_dir, found)} at step {start} in {resumed.load_s:.1f} s"
                 + (f" (resharded: written by {resumed.saved_world} ranks on another plan)" if resumed.resharded else ""))
-    metrics = open(run_dir / "metrics.jsonl", "a", encoding="utf-8") if rank == 0 else None
+    from .metrics import RunMetrics  # per-step measurements, metrics.jsonl, display, slow nodes
+    mon = RunMetrics(cfg, plan, model_cfg, run, chips, book, acc, start, log)
     losses, val_hist = [], []
     t_run = time.perf_counter()
     step, t0 = start, None
@@ -177,31 +169,21 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
                     g["lr"] = lr
             x, y = train_batch(corpus, cfg.seed, step, G, seq)
             t0 = time.perf_counter()
+            mon.begin()
             loss = float(run.step(x, y))
+            grad_norm = global_grad_norm(run, plan, rank, book)
             if opt is not None:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            times = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
-            dist.all_gather(times, dt, group=book)
-            rank_s = [t.item() for t in times]
             losses.append(loss)
             done = step + 1
-            rec = {"step": done, "loss": loss, "lr": lr, "tokens_per_s": G * seq / max(rank_s),
-                   "step_s": max(rank_s), "rank_step_s": rank_s, "time": time.time()}
+            rec = mon.end(done, loss, lr, grad_norm)  # every rank's timings (trainer/metrics.py)
             if rank == 0:
                 rec.update(el.step_done(done))  # attempt; restart (time to recover, steps lost) once recovered
             if cfg.log.val_interval and done % cfg.log.val_interval == 0 and done != cfg.last_step:
                 rec["val_loss"] = _evaluate(run, params, vals)
                 val_hist.append((done, rec["val_loss"]))
-            if metrics is not None:
-                metrics.write(json.dumps(rec) + "\n")
-                metrics.flush()
-                if done % cfg.log.print_interval == 0 or done == cfg.last_step:
-                    left = (cfg.last_step - done) * (time.perf_counter() - t_run) / (done - start)
-                    log(f"  step {done}/{cfg.steps}  loss {loss:.4f}  lr {lr:.2e}  "
-                        f"{rec['tokens_per_s']:,.0f} tok/s  eta {left:.0f}s"
-                        + (f"  val {rec['val_loss']:.4f}" if "val_loss" in rec else ""))
+            mon.write(rec)  # rank 0: metrics.jsonl and the progress display
             if (cfg.checkpoint.enabled and cfg.checkpoint.interval and done % cfg.checkpoint.interval == 0
                     and done != cfg.last_step):
                 saver.save(done)  # asynchronous: returns once the state is copied
@@ -218,26 +200,27 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
         el.failed(step + 1, exc, None if t0 is None else time.perf_counter() - t0)
         raise
     finally:
-        if metrics is not None:
-            metrics.close()
+        mon.close()
     train_s = time.perf_counter() - t_run
     summary = {"final_val_loss": final_val, "uniform_baseline": math.log(VOCAB), "start_step": start,
                "end_step": end, "steps": cfg.steps, "train_s": train_s, "world": world,
                "backend": cfg.backend, "plan_source": cfg.plan.source, "plan": json.loads(plan.to_json()),
-               "val_losses": val_hist, "chips": chips,
-               "not_built": ["efficiency", "even_efficiency", "per-chip MFU", "grad norm", "plots"]}
+               "val_losses": val_hist, "chips": chips}
     summary["checkpoints"] = saver.saved if saver is not None else []  # step, seconds the loop blocked, async
     summary["resumed"] = None if resumed is None else {
         "step": resumed.step, "resharded": resumed.resharded, "saved_world": resumed.saved_world, "load_s": resumed.load_s}
     if rank == 0:
         summary.update(el.finish())  # restarts: steps lost, time to recover (trainer/elastic.py)
     if rank == 0:
+        summary.update(mon.summary())  # medians, MFU per chip kind, slow nodes (trainer/metrics.py)
+        summary.update(finish_report(cfg, plan, summary, log))  # efficiency vs parts, replan, plots
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log(f"hal train: steps {start}..{end} in {train_s:.1f} s; final validation loss {final_val:.4f} nats "
             f"(uniform bytes: ln 256 = {math.log(VOCAB):.3f}); summary {run_dir / 'summary.json'}")
         for c in chips:
             log(f"  rank {c['rank']}: {c['chip']:<7} {'EMULATED on this host CPU' if c['emulated'] else 'native'}"
                 f"  rows {c['rows']}")
+        end_report(cfg, summary, log)  # plots, MFU per chip kind, slow nodes, then the efficiency figures
     return {"rank": rank, "chip": acc.chip.name, "start": start, "end": end, "losses": losses,
             "val": val_hist, "final_val_loss": final_val, "digest": digest, "resumed": summary["resumed"]}
 

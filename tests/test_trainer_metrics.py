@@ -1,0 +1,157 @@
+"""`hal train` metrics (trainer/metrics.py, plots.py, parts.py, report.py): work shares and the bubble
+formula, the config a --measure-parts run writes reads back as the same config, efficiency from the
+parts' summaries, the PNG plots; and on an emulated 2 cuda + 1 kunlun + 1 ascend cluster (every chip
+EMULATED on CPU, collectives over the `hetero` bridge): the GPT and the MoE model lower validation
+loss well below ln 256, the MoE run repeats bit-identically, every step's JSONL record carries the
+per-rank and per-chip figures, and step 1's gradient norm equals the single-process model's."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from hal.testing import WorkerPool
+from trainer.config import TrainConfig
+from trainer.metrics import bubble_estimate, read_metrics, work_shares
+
+from . import _metrics_cases
+
+ROOT = Path(__file__).resolve().parent.parent
+EMULATE = "cuda:2,kunlun:1,ascend:1"
+CHIPS = ["cuda", "cuda", "kunlun", "ascend"]
+STEPS = 40
+
+
+def _config(run_dir: Path, **extra) -> dict:
+    cfg = {"seed": 5, "steps": STEPS, "global_batch": 8, "backend": "hetero", "timeout_s": 60,
+           "model": {"path": str(ROOT / "examples/models/tiny.toml"), "overrides": {"vocab": 256, "seq": 32}},
+           "data": {"max_bytes": 1 << 20},
+           "optimizer": {"lr": 3e-3, "warmup_steps": 5},
+           "plan": {"source": "even"},
+           "checkpoint": {"enabled": False},
+           "log": {"dir": str(run_dir), "val_interval": 20, "val_batches": 2}}
+    cfg.update(extra)
+    return cfg
+
+
+def test_work_shares_and_bubble():
+    from hal.topology import Topology
+    from strategies.models import ModelConfig
+    from strategies.plan import Plan
+    topo = Topology.from_env({"HAL_EMULATE": "cuda:3,ascend:1"})
+    mc = ModelConfig(name="t", layers=4, hidden=32, heads=4, ffn=64, vocab=256, seq=32)
+    even = Plan.even(topo, mc, 16, 2)
+    assert work_shares(even, mc, 4) == pytest.approx([0.25] * 4)
+    weighted = Plan.weighted(topo, mc, 16, {"cuda": 3.0, "ascend": 1.0}, num_microbatches=2)
+    shares = work_shares(weighted, mc, 4)
+    assert sum(shares) == pytest.approx(1.0) and shares[0] > shares[3]
+    pp = Plan.even(topo, mc, 16, 4, pp=2)
+    assert sum(work_shares(pp, mc, 4)) == pytest.approx(1.0)
+    assert bubble_estimate(pp) == pytest.approx(1 / 5) and bubble_estimate(even) == 0.0
+
+
+def test_parts_configs_round_trip_through_toml(tmp_path):
+    from trainer.parts import part_configs, to_toml
+    cfg = TrainConfig(**_config(tmp_path / "run", cluster={"emulate": EMULATE, "timed": True, "time_scale": 3e5},
+                                plan={"source": "auto"}))
+    parts = dict(part_configs(cfg))
+    assert list(parts) == ["cuda-2", "kunlun-1", "ascend-1", "even"]
+    for name, data in parts.items():
+        path = tmp_path / f"{name}.toml"
+        path.write_text(to_toml(data))
+        back = TrainConfig.from_toml(path)
+        assert back.model_dump() == TrainConfig(**data).model_dump(), name
+        assert back.stop_after == cfg.efficiency.steps and back.cluster.timed and back.efficiency.part
+    assert parts["kunlun-1"]["cluster"]["emulate"] == "kunlun:1" and parts["kunlun-1"]["plan"]["source"] == "auto"
+    assert parts["even"]["plan"]["source"] == "even" and parts["even"]["cluster"]["emulate"] == EMULATE
+    # an even main run is its own Plan.even measurement
+    assert "even" not in dict(part_configs(TrainConfig(**_config(tmp_path / "r2", cluster={"emulate": EMULATE}))))
+
+
+def test_efficiency_from_parts_summaries(tmp_path):
+    from trainer.parts import efficiency, report
+    cfg = TrainConfig(**_config(tmp_path, cluster={"emulate": "cuda:2,ascend:2"}, plan={"source": "auto"}))
+    assert efficiency(cfg, 100.0)["efficiency"] is None  # nothing measured yet: said, not invented
+    for name, tps in (("cuda-2", 60.0), ("ascend-2", 40.0), ("even", 70.0)):
+        (tmp_path / "parts" / name).mkdir(parents=True)
+        (tmp_path / "parts" / name / "summary.json").write_text(json.dumps({"tokens_per_s_median": tps}))
+    eff = efficiency(cfg, 96.0)
+    assert eff["parts_sum_tokens_per_s"] == 100.0
+    assert eff["efficiency"] == pytest.approx(0.96) and eff["even_efficiency"] == pytest.approx(0.70)
+    text = "\n".join(report(eff, True, "auto"))
+    assert "MIXED-CLUSTER EFFICIENCY" in text and "96.0%" in text and "70.0%" in text
+
+
+def test_plots_written(tmp_path):
+    from trainer.plots import plot_run
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        for s in range(1, 6):
+            rec = {"step": s, "loss": 5.0 - s * 0.1, "tokens_per_s": 100.0, "rank_step_s": [0.1, 0.2],
+                   "rank_compute_s": [0.05, 0.15], "tokens_per_s_chip": {"cuda": 60.0, "ascend": 40.0}}
+            if s == 5:
+                rec["val_loss"] = 4.6
+            f.write(json.dumps(rec) + "\n")
+    out = plot_run(tmp_path, ["cuda", "ascend"])
+    assert [p.name for p in out] == ["loss.png", "rank_step_time.png", "tokens_per_chip.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in out)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool(4, env={"HAL_EMULATE": EMULATE, "OMP_NUM_THREADS": "1"}) as p:
+        yield p
+
+
+def _run(pool, config: dict) -> list[dict]:
+    return pool.run(_metrics_cases.run, config, timeout=240)
+
+
+def _reference_grad_norm(cfg: dict) -> float:
+    """Step 1's gradient norm of the single-process model on the same global batch."""
+    from strategies.models import build_model
+    from strategies.models.data import count_tokens, lm_loss_sum
+    from trainer.data import Corpus, train_batch
+    tc = TrainConfig(**cfg)
+    mc = tc.load_model_config()
+    model = build_model(mc, tc.seed)
+    x, y = train_batch(Corpus.from_config(tc), tc.seed, 0, tc.global_batch, mc.seq)
+    (lm_loss_sum(model(x), y) / count_tokens(y)).backward()
+    return float(torch.sqrt(sum(p.grad.double().pow(2).sum() for p in model.parameters() if p.grad is not None)))
+
+
+def test_gpt_on_2_1_1_metrics_and_grad_norm(pool, tmp_path):
+    cfg = _config(tmp_path / "gpt", plan={"source": "even", "pp": 2, "num_microbatches": 2})
+    out = _run(pool, cfg)
+    assert [r["chip"] for r in out] == CHIPS
+    val = out[0]["final_val_loss"]
+    assert val < math.log(256) - 1.0, f"validation loss {val:.3f} not well below ln 256"
+    recs = read_metrics(tmp_path / "gpt" / "metrics.jsonl")
+    assert [r["step"] for r in recs] == list(range(1, STEPS + 1))
+    r = recs[-1]
+    for key in ("loss", "grad_norm", "lr", "tokens_per_s", "rank_step_s", "rank_compute_s", "rank_wait_s",
+                "rank_wait_share", "bubble_est", "comm_share_est", "tokens_per_s_chip", "mfu_chip"):
+        assert key in r, key
+    assert len(r["rank_step_s"]) == 4 and set(r["tokens_per_s_chip"]) == {"cuda", "kunlun", "ascend"}
+    assert sum(r["tokens_per_s_chip"].values()) == pytest.approx(r["tokens_per_s"])
+    assert r["bubble_est"] == pytest.approx(1 / 3)  # 2 stages, 2 micro-batches: (p-1)/(m+p-1)
+    assert recs[0]["grad_norm"] == pytest.approx(_reference_grad_norm(cfg), rel=1e-4)
+    s = json.loads((tmp_path / "gpt" / "summary.json").read_text())
+    assert [c["chip"] for c in s["chips"]] == CHIPS and s["final_val_loss"] == val
+    assert s["efficiency"] is None and "efficiency_note" in s and "even_efficiency" in s
+    assert s["timed_emulation"] is False and "says nothing about the chip" in s["mfu_peaks"]["cuda"]["used"]
+    assert all((tmp_path / "gpt" / n).is_file() for n in ("loss.png", "rank_step_time.png", "tokens_per_chip.png"))
+
+
+def test_moe_on_2_1_1_lowers_loss_and_repeats_bitwise(pool, tmp_path):
+    moe = {"path": str(ROOT / "examples/models/tiny-moe.toml"), "overrides": {"vocab": 256, "seq": 32}}
+    a = _run(pool, _config(tmp_path / "a", model=moe, plan={"source": "even", "ep": True}))
+    val = a[0]["final_val_loss"]
+    assert val < math.log(256) - 1.0, f"MoE validation loss {val:.3f} not well below ln 256"
+    b = _run(pool, _config(tmp_path / "b", model=moe, plan={"source": "even", "ep": True}))
+    assert [r["losses"] for r in b] == [r["losses"] for r in a]
+    assert [r["digest"] for r in b] == [r["digest"] for r in a]
+    ga = [x["grad_norm"] for x in read_metrics(tmp_path / "a" / "metrics.jsonl")]
+    assert ga == [x["grad_norm"] for x in read_metrics(tmp_path / "b" / "metrics.jsonl")]

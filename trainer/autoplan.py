@@ -1,0 +1,88 @@
+"""`plan.source = auto`: the planner's layout for the cluster the run has.
+
+On real chips (or emulated chips without timed emulation) the planner prices each sub-cluster with its
+catalog / efficiency-matrix figures (`strategies.planner.facts.chip_facts`). Under timed emulation
+(HAL_EMULATE_TIMED=1) the chips that run are the EMULATED ones: compute and memory at the speeds the
+virtual clock charges (`facts.emulated_chip_facts`, hal.timed.chip_speeds at this time scale) and every
+link the host's CPU fabric, whose latency and bandwidth are measured at start by a send/recv ping-pong
+between rank 0 and the last rank over the training backend (alpha + bytes/beta, least squares, as
+benchmarks/planner_prediction.py does). Without that the planner would lay the model out for real H100
+NVLink figures while the run's links are this host's shared memory.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+PROBE_SIZES = (4 << 10, 64 << 10, 512 << 10)
+PROBE_REPS = 5
+
+
+def timed_on() -> bool:
+    try:
+        from hal import timed
+    except ImportError:
+        return False
+    return timed.timed_requested()
+
+
+def probe_link(book) -> Optional[tuple[float, float]]:
+    """(latency s, bandwidth B/s) of the training backend between rank 0 and the last rank, on every
+    rank (a collective over the world; `book` is the bookkeeping group for the barriers). None for a
+    single rank."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1:
+        return None
+    peer = world - 1
+    secs = []
+    for n in PROBE_SIZES:
+        buf = torch.zeros(n // 4)
+        times = []
+        for _ in range(PROBE_REPS + 1):
+            dist.barrier(group=book)
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, peer)
+                dist.recv(buf, peer)
+            elif rank == peer:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            times.append((time.perf_counter() - t0) / 2)
+        secs.append(statistics.median(times[1:]))
+    box = [secs]
+    dist.broadcast_object_list(box, src=0, group=book)
+    return fit_link(list(PROBE_SIZES), box[0])
+
+
+def fit_link(sizes: list, seconds: list) -> tuple[float, float]:
+    """(latency s, bandwidth B/s) of t = latency + bytes / bandwidth, least squares."""
+    n = len(sizes)
+    mx, my = sum(sizes) / n, sum(seconds) / n
+    sxx = sum((x - mx) ** 2 for x in sizes)
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sxx
+    return max(0.0, my - slope * mx), 1.0 / max(slope, 1e-15)
+
+
+def auto_plan(cfg, topo, model_cfg, link: Optional[tuple[float, float]]):
+    """The planner's best layout (cost model + simulator); `link` given = timed emulation's figures."""
+    from strategies.planner.convert import to_plan
+    from strategies.planner.cost import ModelFacts
+    from strategies.planner.facts import chip_facts, emulated_chip_facts, load_matrices
+    from strategies.planner.plan_search import search
+    node_of = {r: topo.node_of(r) for r in range(topo.world_size)}
+    if timed_on():
+        from hal import timed
+        lat, bw = link if link is not None else (0.0, 1e12)
+        facts = emulated_chip_facts(topo, timed.time_scale(), bw, lat, timed.charge_dtype())
+        dtype_bytes = 4  # build_model's tensors are float32 on the host; bytes are charged as run
+        result = search(facts, ModelFacts(model_cfg, dtype_bytes=dtype_bytes), cfg.global_batch, node_of=node_of,
+                        max_pp=cfg.plan.max_pp)
+    else:
+        matrices = load_matrices(None)
+        facts = [chip_facts(sc, matrices) for sc in topo.sub_clusters]
+        result = search(facts, ModelFacts(model_cfg), cfg.global_batch, node_of=node_of, max_pp=cfg.plan.max_pp)
+    return to_plan(result.best.layout, model_cfg.name, "1F1B")

@@ -1,0 +1,84 @@
+"""PNG plots of a `hal train` run from its metrics.jsonl (matplotlib, Agg: no display needed):
+
+  loss.png            training loss per step and validation loss (with ln 256, uniform bytes)
+  rank_step_time.png  each rank's step time (and its compute part, dashed), labelled with its chip
+  tokens_per_chip.png tokens/s overall and per chip kind (token-equivalents, trainer.metrics)
+
+    python -m trainer.plots runs/train-tiny      # re-draw from a run directory
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+from .metrics import read_metrics
+
+
+def plot_run(run_dir: Path, chips: Optional[list[str]] = None, title: str = "") -> list[Path]:
+    """Write the three PNGs into `run_dir`; returns their paths ([] when there are no records)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    recs = read_metrics(run_dir / "metrics.jsonl")
+    if not recs:
+        return []
+    if chips is None:
+        summary = run_dir / "summary.json"
+        chips = [c["chip"] for c in json.loads(summary.read_text())["chips"]] if summary.is_file() else None
+    steps = [r["step"] for r in recs]
+    out = []
+    emulated = " (chips EMULATED on this host's CPU)" if title else ""
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, [r["loss"] for r in recs], lw=1, label="train loss")
+    vals = [(r["step"], r["val_loss"]) for r in recs if "val_loss" in r]
+    final = json.loads((run_dir / "summary.json").read_text()).get("val_losses", []) \
+        if (run_dir / "summary.json").is_file() else []
+    for s, v in final:
+        if (s, v) not in vals:
+            vals.append((s, v))
+    if vals:
+        vals.sort()
+        ax.plot([s for s, _ in vals], [v for _, v in vals], "o-", label="validation loss")
+    ax.axhline(math.log(256), color="grey", ls=":", label="uniform bytes (ln 256)")
+    ax.set_xlabel("step"), ax.set_ylabel("cross entropy (nats)"), ax.legend()
+    ax.set_title(f"loss {title}{emulated}".strip(), fontsize=9)
+    out.append(_save(fig, run_dir / "loss.png", plt))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    n = len(recs[0]["rank_step_s"])
+    for i in range(n):
+        label = f"rank {i}" + (f" ({chips[i]})" if chips and i < len(chips) else "")
+        line, = ax.plot(steps, [r["rank_step_s"][i] * 1e3 for r in recs], lw=1, label=label)
+        if "rank_compute_s" in recs[0]:
+            ax.plot(steps, [r["rank_compute_s"][i] * 1e3 for r in recs], lw=0.8, ls="--", color=line.get_color())
+    ax.set_xlabel("step"), ax.set_ylabel("ms (solid: step, dashed: compute)"), ax.legend(fontsize=7)
+    ax.set_title(f"per-rank step time {title}".strip(), fontsize=9)
+    out.append(_save(fig, run_dir / "rank_step_time.png", plt))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, [r["tokens_per_s"] for r in recs], lw=1.2, color="black", label="all chips")
+    kinds = list(recs[0].get("tokens_per_s_chip", {}))
+    for k in kinds:
+        ax.plot(steps, [r["tokens_per_s_chip"].get(k, 0.0) for r in recs], lw=1, label=k)
+    ax.set_xlabel("step"), ax.set_ylabel("tokens/s"), ax.legend(fontsize=7)
+    ax.set_title(f"tokens/s per chip kind {title}".strip(), fontsize=9)
+    out.append(_save(fig, run_dir / "tokens_per_chip.png", plt))
+    return out
+
+
+def _save(fig, path: Path, plt) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":
+    for p in plot_run(Path(sys.argv[1])):
+        print(p)
