@@ -171,3 +171,23 @@ def test_fewer_ranks_other_cluster_replanned_load_and_continue(uninterrupted, tm
     diff = _max_diff(_offline(tmp_path / "s" / "checkpoints" / final, tmp_path),
                      _offline(a_dir / "checkpoints" / final, tmp_path))
     assert diff < TOL, f"2+2 -> 2+1 at step {STEPS}: max |param diff| {diff:.2e} vs TOL {TOL}"
+
+
+def test_moe_expert_parallel_checkpoint_reshards_to_another_placement(pool, tmp_path):
+    """The tiny MoE GPT with EP over DP 4 (2 experts per rank) stopped at step 4; loaded into PP 2 x DP 2
+    with EP over each stage's 2 replicas (4 experts per rank): every expert lands, exactly, on its new host."""
+    moe = {"path": str(ROOT / "examples/models/tiny-moe.toml"), "overrides": {"vocab": 256, "seq": 32}}
+    m = _config(tmp_path / "moe", {"source": "even", "ep": True}, model=moe, stop_after=4)
+    pool.run(cases.run, m, timeout=240)
+    reference = _offline(tmp_path / "moe" / "checkpoints" / "step_00000004", tmp_path)
+    assert sum(".experts." in k for k in _model(reference)) == 4 * 8 * 3  # layers x experts x (w1, w2, w3)
+    cfg = _config(tmp_path / "moe2", {"source": "even", "ep": True, "pp": 2, "num_microbatches": 2}, model=moe,
+                  checkpoint={"dir": str(tmp_path / "moe" / "checkpoints")})
+    results = pool.run(cases.load_full, cfg, 4, timeout=180)
+    for r in results:
+        assert r["resharded"] and r["step"] == 4
+        for k, v in r["state"].items():
+            assert torch.equal(v, reference[k].to(v.dtype)), f"rank {r['rank']}: {k} differs"
+        assert sum(".experts." in k and k.startswith("model.") for k in r["state"]) == 2 * 4 * 3
+    held = {k for r in results for k in r["state"]}
+    assert not sorted(set(_model(reference)) - held)
