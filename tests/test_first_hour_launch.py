@@ -207,6 +207,23 @@ def test_testbed_run_checks_the_ranks_chip_environment(env, needles, launches, m
         assert needle in str(info.value), (needle, str(info.value))
 
 
+@pytest.mark.parametrize("argv,needles", [
+    (["up", "--ranks", "2,x"], ["--ranks '2,x'"]),
+    (["up", "--ranks", "0,2"], ["ranks[0]=0"]),
+    (["up", "--loss", "2"], ["loss=2.0"]),
+    (["up", "--rate", "banana"], ["rate='banana'"]),
+    (["up", "--cluster", "/nonexistent/spec.toml"], ["/nonexistent/spec.toml"]),
+    (["up", "--name", "bad name!"], ["name='bad name!'"]),
+    (["run", "--timeout", "-1", "--", "x.py"], ["--timeout -1"]),
+    (["run", "--env", "FOO", "--name", "nosuchbed", "--", "x.py"], ["--env 'FOO'", "K=V"]),
+    (["run", "--name", "nosuchbed", "--", "x.py"], ["no test bed 'nosuchbed'"]),
+    (["run", "--name", "nosuchbed"], ["give a target after --"]),
+])
+def test_testbed_bad_input_is_one_line(argv, needles, launches, capsys):
+    _one_line(main(["testbed", *argv]), capsys, needles, prog="hal testbed")
+    assert launches == []
+
+
 def test_testbed_bed_chips_from_up_are_checked_too(launches):
     from hal.launch_check import LaunchError
     from testbed.cli import _check_chips
