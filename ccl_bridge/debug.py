@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from hal.capabilities import dtype_name
+from hal.capabilities import DTYPES, dtype_name, torch_dtype
 
 from .errors import BridgeMismatchError
 
@@ -104,6 +104,5 @@ def check(fx, fp: Fingerprint) -> None:
                               op=fp.op, seq=fp.seq, group=fx.name, stage="debug agreement check")
 
 
-_KNOWN = [getattr(torch, n) for n in ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16",
-                                      "int32", "int64", "bool", "float8_e4m3fn", "float8_e5m2",
-                                      "complex64", "complex128") if hasattr(torch, n)]
+# hal's dtype names (hal.capabilities.DTYPES), and the complex dtypes a mismatch report may meet
+_KNOWN = [torch_dtype(n) for n in DTYPES] + [torch.complex64, torch.complex128]

@@ -37,6 +37,8 @@ from typing import Optional
 
 import torch
 
+from hal.capabilities import torch_dtype
+
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2")
 INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
 ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
@@ -58,8 +60,7 @@ def meaningful_ops(dtype: str) -> tuple[str, ...]:
     return FLOAT_OPS if dtype in FLOAT_DTYPES else INT_OPS
 
 
-def tdtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
+tdtype = torch_dtype  # hal's dtype name table (hal.capabilities)
 
 
 def _value_class(dtype: str, op: Optional[str]) -> str:
