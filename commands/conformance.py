@@ -106,6 +106,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {res.status.upper():<7} {res.id} ({res.duration_s:.2f} s): {res.message}", flush=True)
 
     tag = "EMULATED" if target.emulated else "native"
+    import os
+    ignored = [f"{k}={os.environ[k]}" for k in ("HAL_EMULATE", "HAL_CLUSTER", "HAL_CHIP", "HAL_PLUGINS")
+               if (os.environ.get(k) or "").strip()]
+    if ignored:  # the suite binds the plugin under test itself; say so rather than seem to obey them
+        print(f"hal conformance: note: {', '.join(ignored)} ignored here: the suite tests --plugin "
+              f"{args.plugin} (--chip, --emulate choose its chip and emulation)", flush=True)
     print(f"hal conformance: plugin {target.plugin_name}, chip {target.chip} ({tag}), levels "
           f"{','.join(levels)}, {target.nproc} rank(s) ("
           + (f"collectives at world sizes {', '.join(map(str, target.world_sizes))}" if target.world_sizes

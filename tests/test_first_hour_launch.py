@@ -344,11 +344,15 @@ def test_conformance_fail_on_skip_exits_1_and_says_why_checks_were_skipped(capsy
     assert "--fail-on-skip and 451 check(s) skipped" in capsys.readouterr().out
 
 
-def test_conformance_summary_says_where_the_report_went(tmp_path, capsys):
+def test_conformance_summary_says_where_the_report_went(tmp_path, capsys, monkeypatch):
+    # and that a chip variable in the shell is not what it tests (it binds --plugin itself)
+    monkeypatch.setenv("HAL_EMULATE", "ascend")
     target = tmp_path / "new" / "r.md"
     assert main(["conformance", "--plugin", "cpu", "--level", "contract", "-k", "registers",
                  "--report", str(target)]) == 0
-    assert f"--report written to {target}" in capsys.readouterr().out and target.is_file()
+    out = capsys.readouterr().out
+    assert f"--report written to {target}" in out and target.is_file()
+    assert "note: HAL_EMULATE=ascend ignored here: the suite tests --plugin cpu" in out
 
 
 def test_help_does_not_import_torch():
