@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
            "-m", "commands.demo_job", "--steps", str(args.steps), "--global-batch", str(global_batch),
            "--backend", args.backend, "--tolerance", str(args.tolerance), "--timeout", str(args.timeout)]
-    print(f"  launching: HAL_EMULATE={env.get('HAL_EMULATE', '')} torchrun --nproc-per-node {nproc} "
+    chip_env = " ".join(f"{k}={env[k]}" for k in ("HAL_EMULATE", "HAL_CLUSTER", "HAL_CHIP") if env.get(k))
+    print(f"  launching: {chip_env} torchrun --nproc-per-node {nproc} "
           f"-m commands.demo_job --steps {args.steps} --global-batch {global_batch} --backend {args.backend}",
           flush=True)
     t0 = time.perf_counter()
