@@ -1,6 +1,6 @@
 """One validation pass in the launching process, before torchrun starts, shared by every command that
-launches ranks on this machine (`hal demo`, `hal bench comm`, ...), and the launcher's side of a rank
-failure.
+launches ranks (`hal demo`, `hal bench comm`, `hal train`, `hal testbed run`; `hal conformance` uses
+its flag and output-path checks), and the launcher's side of a rank failure.
 
 Before launch: flags, the chip environment (`HAL_EMULATE`, `HAL_CLUSTER`, `HAL_CHIP`, `HAL_PLUGINS`),
 the cluster spec, output paths (their folder created, or refused, up front) and the world size (from
@@ -12,7 +12,8 @@ ever starts on bad input. Each rank's chip is resolved with the ranks' own rule
 At run time: a rank that raises writes one marked line (`report_rank_failure`: time, rank, chip,
 exception type and message) to stderr before its traceback; `run_ranks` sends the ranks' stderr to a
 log file and, if the job fails, prints the earliest such line once and where the full log is, instead
-of torchrun's per-rank dump.
+of torchrun's per-rank dump (`print_failure`; `hal testbed run` calls it on its hosts' logs). Ranks
+started through `python -m hal.rank_entry` (`run_target`) report without code of their own.
 """
 from __future__ import annotations
 
