@@ -140,6 +140,7 @@ class Elastic:
             self.log(f"hal train: restarted after a failure in step {reached + 1} ({self.pending['error']}): resumed "
                      f"from step {resumed_step}, {reached - resumed_step} step(s) lost; world "
                      f"{prev.get('world')} -> {self.world}"
+                     + (f", chips {prev.get('chips')} -> {kinds}" if prev.get("chips") != kinds else "")
                      + ("; re-planned for this cluster" if self.pending["replanned"] else ""))
         self.state.update({"state": "running", "job": {"attempt": self.attempt, "started": time.time(),
                                                         "world": self.world, "chips": kinds, "plan": plan_json}})
