@@ -156,10 +156,12 @@ def _env(mode: str, emap: str, scale) -> dict:
 
 
 def _overruns(results) -> str:
+    """Overruns summed over ranks, the host-only gaps, and the largest host/device time fraction."""
     cs = [r["clock"] for r in results if r.get("clock")]
     if not cs:
         return "-"
-    return f"{sum(c['overrun_count'] for c in cs)} ({sum(c['overrun_s'] for c in cs) * 1e3:.1f} ms)"
+    return (f"{sum(c['overrun_count'] for c in cs)} ({sum(c['overrun_s'] for c in cs) * 1e3:.1f} ms), host gaps "
+            f"{max(c['host_gap_s'] for c in cs) * 1e3:.1f} ms, host/device <= {max(c['max_host_fraction'] for c in cs):.2f}")
 
 
 def bench_ratio(n: int, mode: str, warmup: int, steps: int, scale) -> dict:

@@ -1,11 +1,24 @@
 """Emulated chips: a real chip's identity and profile on CPU tensors, with a CPU fabric for its CCL.
 
 `HAL_EMULATE` maps global ranks (torchrun order) to chips: `cuda:2,ascend:2` makes ranks 0-1 cuda and
-2-3 ascend; a bare name (`ascend`) makes every rank that chip. `HAL_EMULATE_DILATION=1` slows each
-emulated chip in wall time by the ratio of the fastest mapped chip's peak bf16 FLOP/s to its own
-(see `runtime.EmulatedRuntime`). `HAL_CPU_CCL` picks the CPU fabric: `auto` (the default) uses the
-shared-memory fabric (`hal.shm`) when every rank of the group is on one host and gloo otherwise;
-`shm` or `gloo` forces one.
+2-3 ascend; a bare name (`ascend`) makes every rank that chip.
+
+Speed (by default an emulated chip computes at the host's speed):
+- `HAL_EMULATE_TIMED=1`: timed emulation (hal.timed). Every aten op is charged to a virtual clock
+  from its FLOPs and bytes at the chip's speed (`hal.timed.chip_speeds`: catalog peak x 0.45, or
+  a measured efficiency matrix; catalog memory bandwidth) divided by a time scale; the host sleeps
+  up to the clock at synchronisation points (collectives, `.item()`, `synchronize()`), so the
+  step takes the chip's time whatever the host's load. Communication stays real (CPU fabric).
+  `HAL_EMULATE_TIME_SCALE=<float>` (default `hal.timed.DEFAULT_TIME_SCALE`): how many times slower
+  than the real chip the emulated one runs; it must keep the host ahead (`clock.stats()` counts
+  overruns). `HAL_EMULATE_TIMED_DTYPE` (default bfloat16): the dtype every op is charged at.
+  `HAL_EMULATE_TIMED_MATRIX=<file or dir>`: measured efficiency matrices to charge at instead.
+- `HAL_EMULATE_DILATION=1` (the older way): slows each emulated chip in wall time by the ratio of the
+  fastest mapped chip's peak bf16 FLOP/s to its own, sleeping in proportion to the process's CPU
+  time (see `runtime.EmulatedRuntime`); wrong under CPU contention. Exclusive with timed emulation.
+
+`HAL_CPU_CCL` picks the CPU fabric: `auto` (the default) uses the shared-memory fabric (`hal.shm`)
+when every rank of the group is on one host and gloo otherwise; `shm` or `gloo` forces one.
 """
 from __future__ import annotations
 

@@ -21,16 +21,20 @@ the model uses): charging each op at its own dtype would compare a float32 CUDA-
 chip whose float32 peak is unpublished.
 
 Device-stream semantics. Between synchronisation points the host is taken as infinitely fast:
-`device_t += cost` per op. At a synchronisation point (`clock.sync()`, `runtime.synchronize()`, an
-op that hands a value to the host: `aten._local_scalar_dense` = `.item()`, and before every
-collective / point-to-point op: namespaces `c10d`, `_c10d_functional`, `c10d_functional`) the host
-sleeps until `device_t`. A collective's completion is real: after the op returns, and when a Work it
-returned is first seen completed (an async collective or a recv finished while the host waited in
-`Work.wait()`, which no dispatch mode sees), `device_t = max(device_t, now)`. If the host reaches a
-synchronisation point after `device_t` (the host was slower than the emulated chip) that is an
-overrun: counted, summed, logged once per clock as a warning, and `device_t = now` (the step then
-took the host's time, not the chip's). The time `scale` makes the emulated chip slower than the host
-really is (a tiny model's step on an H100 takes microseconds), so that the host is always ahead.
+`device_t += cost` per op, whatever the host's own pace. Hard synchronisation (`clock.sync()`,
+`runtime.synchronize()`, `event.synchronize()`): the host sleeps until `device_t`; arriving after
+it is an overrun when the host fell behind the device while issuing ops (the host is slower than
+the emulated chip: counted, summed, warned once per clock; `device_t = now`, so that step took the
+host's time), else host-only work (`host_gap_s`). Soft synchronisation (`.item()` =
+`aten._local_scalar_dense`, and the issue of every collective / point-to-point op: namespaces
+`c10d`, `_c10d_functional`, `c10d_functional`): the host sleeps until `device_t` if it is ahead
+(a collective starts when its data is ready on the device); a late host leaves the timeline alone.
+A collective's completion is real: the Work it returned notes when it completes (its future's
+callback), and then `device_t = max(device_t, completion)`: an async all_reduce overlaps the
+device's later work, a recv's data arrives when the sender sent it (the host's `Work.wait()` is
+not an op, so no dispatch mode sees it; the completion time stands in for it). The time `scale`
+makes the emulated chip slower than the host really is (a tiny model's step on an H100 takes
+microseconds), so that the host stays ahead.
 
 Communication is NOT emulated: it runs on the host's real CPU fabric (shm/gloo) and takes its real
 time. The dispatch mode is thread-local: it charges ops of the thread that installed it (the main
@@ -87,6 +91,9 @@ DEFAULT_TIME_SCALE = 2.0e5
 DEFAULT_DTYPE = "bfloat16"
 # An arrival later than device_t by less than this is sleep/wake-up jitter, not an overrun.
 OVERRUN_TOLERANCE_S = 2e-4
+# stats()["max_host_fraction"] looks at intervals with at least this much device time (shorter ones
+# are a handful of ops, where the host's per-op overhead, not the scale, decides)
+MIN_FRACTION_INTERVAL_S = 1e-3
 
 
 class TimedEmulationError(HalError, ValueError):
@@ -173,6 +180,21 @@ def op_cost(flops: float, nbytes: float, speeds: Speeds) -> float:
     return max(flops / speeds.flops_per_s, nbytes / speeds.bytes_per_s)
 
 
+def trace_cost(trace: list, speeds: Speeds) -> float:
+    """Seconds the ops of a recorded trace (`VirtualClock(record=True).trace`) take at `speeds`: what
+    the clock would charge a chip with those speeds for the same ops (a planner's per-layer figure)."""
+    return sum(op_cost(f, b, speeds) for _, f, b in trace)
+
+
+def record_ops(fn: Callable[[], Any]) -> list[tuple[str, int, int]]:
+    """Run `fn()` on this thread and return the (op, flops, bytes) that timed emulation charges for it,
+    without sleeping (nothing is slowed): price it for any chip with `trace_cost`."""
+    clock = VirtualClock("record", Speeds(1.0, 1.0, "record only"), sleep=lambda s: None, record=True)
+    with timed(clock):
+        fn()
+    return clock.trace or []
+
+
 # ---- what an op costs ---------------------------------------------------------------------------
 aten = torch.ops.aten
 # Ops that launch no kernel on a device (views are excluded by `is_view`).
@@ -237,8 +259,11 @@ class VirtualClock:
     `now` and `sleep` are injectable (tests use a fake clock; nothing in a test sleeps for real)."""
 
     def __init__(self, chip: str, speeds: Speeds, *, dtype: str = DEFAULT_DTYPE, scale: float = 1.0,
-                 now: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep):
+                 now: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
+                 record: bool = False):
         self.chip, self.speeds, self.dtype, self.scale = chip, speeds, dtype, scale
+        # record=True keeps (op, flops, bytes) of every charged op: `trace_cost` prices it at any speeds
+        self.trace: Optional[list[tuple[str, int, int]]] = [] if record else None
         self._now, self._sleep = now, sleep
         self._pending: list = []  # Works of collectives not yet seen completed
         self._warned = False
@@ -246,14 +271,20 @@ class VirtualClock:
         # it work (the process's start-up is not an overrun).
         self.device_t: Optional[float] = None
         self._interval_start, self._interval_busy = 0.0, 0.0
+        self._behind = 0.0  # how far the host fell behind the device while issuing this interval's ops
         self.reset_stats()
 
     # -- charging ---------------------------------------------------------------------------------
-    def charge(self, flops: float, nbytes: float) -> float:
+    def charge(self, flops: float, nbytes: float, op: str = "") -> float:
         """Advance the device by one op of `flops` FLOPs moving `nbytes` bytes; returns its seconds."""
         cost = op_cost(flops, nbytes, self.speeds)
+        if self.trace is not None:
+            self.trace.append((op, int(flops), int(nbytes)))
+        now = self._now()
         if self.device_t is None:
-            self._mark(self._now())
+            self._mark(now)
+        elif now - self.device_t > self._behind:  # the device would have gone idle waiting for this op
+            self._behind = now - self.device_t
         self.device_t += cost
         self._interval_busy += cost
         self._busy += cost
@@ -265,7 +296,7 @@ class VirtualClock:
     def _mark(self, t: float) -> None:
         """The device timeline is reconciled with the host's at `t`: a new interval starts."""
         self.device_t = t
-        self._interval_start, self._interval_busy = t, 0.0
+        self._interval_start, self._interval_busy, self._behind = t, 0.0, 0.0
 
     def device_time(self) -> float:
         """Where the emulated device's work ends, in `now()`'s seconds (an event records this)."""
@@ -282,11 +313,18 @@ class VirtualClock:
         if self.device_t is None or now > self.device_t:
             self._mark(now)
 
-    def sync(self, until: Optional[float] = None) -> None:
+    def sync(self, until: Optional[float] = None, soft: bool = False) -> None:
         """The host waits for the device: sleep until `device_t` (or `until`, an earlier point of it).
-        Arriving later than that, after device work was charged, is an overrun: recorded, and the
-        device timeline moves to now. Arriving late with nothing charged since the last collective
-        (the host's own time between two collectives) is counted as `host_gap_s`, not an overrun."""
+        Arriving later than that is recorded and the device timeline moves to now: as an overrun
+        when the host fell behind the device while it was issuing ops (the host is slower than the
+        emulated chip), else as `host_gap_s` (the host stayed ahead while issuing, then did host-only
+        work: Python between two collectives, I/O; the device sat idle, as a real one would).
+
+        `soft` (a value read by the host: `.item()`): sleep if the host is ahead, but a late host
+        leaves the device timeline alone; the next hard synchronisation (a collective,
+        `synchronize()`) settles it. A step's few-hundred-byte ops (AdamW reads its per-parameter
+        step counter with `.item()` between them: a host tensor on a real GPU) cost the emulated
+        device less than the host's per-op overhead, and would otherwise leak into the timeline."""
         self._poll()
         now = self._now()
         if self.device_t is None:  # nothing charged yet: nothing to wait for
@@ -297,7 +335,10 @@ class VirtualClock:
                 self._slept += until - now
             return
         target = self.device_t
-        if self._interval_busy > 0:
+        if soft and now >= target:
+            self._soft_late_s += now - target
+            return
+        if self._interval_busy >= MIN_FRACTION_INTERVAL_S:
             self._host_fraction = max(self._host_fraction, (now - self._interval_start) / self._interval_busy)
         self._syncs += 1
         if now < target:
@@ -307,26 +348,49 @@ class VirtualClock:
             return
         late = now - target
         if late > OVERRUN_TOLERANCE_S:
-            if self._interval_busy > 0:
+            if self._behind > OVERRUN_TOLERANCE_S:
                 self._overrun(late)
-            else:
+            else:  # the host kept ahead while it issued work, then did host-only work
                 self._host_gap_s += late
         self._mark(now)
 
-    def completed(self, works: list = ()) -> None:
-        """A real event (a collective's completion) just happened: the device cannot be earlier than
-        now. `works`: Works the op returned that may complete later (polled at each op)."""
-        self._mark(max(self.device_t or 0.0, self._now()))
-        self._pending.extend(works)
+    def completed(self) -> None:
+        """A real event the host waited for (a functional collective's `wait_tensor`) just finished:
+        the device cannot be earlier than now."""
+        self._advance_to(self._now())
+
+    def issued(self, works: list) -> None:
+        """A collective or point-to-point op was issued and returned `works`: when each completes
+        (its future's callback notes the time; without a future, the first poll that sees it
+        completed), the device cannot be earlier than that: a recv's data, an all_reduce's sum are
+        there only then. Until then the device goes on with what the host issues (overlap)."""
+        for w in works:
+            box: list = []
+            try:
+                w.get_future().add_done_callback(lambda _f, box=box, now=self._now: box.append(now()))
+            except (RuntimeError, AttributeError):  # a Work without a future: polled
+                box = None  # type: ignore[assignment]
+            self._pending.append((w, box))
+
+    def _advance_to(self, t: float) -> None:
+        if self.device_t is None or t > self.device_t:
+            self._mark(t)
 
     def _poll(self) -> None:
         if self._pending:
-            done = [w for w in self._pending if _work_done(w)]
-            if done:
-                self._pending = [w for w in self._pending if w not in done]
-                now = self._now()
-                if self.device_t is None or now > self.device_t:
-                    self._mark(now)
+            left, latest = [], None
+            for w, box in self._pending:
+                if box:
+                    t = box[0]
+                elif box is None and _work_done(w):
+                    t = self._now()
+                else:
+                    left.append((w, box))
+                    continue
+                latest = t if latest is None else max(latest, t)
+            self._pending = left
+            if latest is not None:
+                self._advance_to(latest)
 
     def _overrun(self, late: float) -> None:
         self._overruns += 1
@@ -345,17 +409,20 @@ class VirtualClock:
     def stats(self) -> dict:
         """busy_s (virtual seconds charged), overrun_count/overrun_s, ops, flops, bytes, slept_s, syncs,
         host_gap_s (host time between collectives with no device work in between: real, not an
-        overrun), max_host_fraction (over synchronisation intervals with device work: the host's time
+        overrun), soft_late_s (how late the host was at `.item()` and collective issues, which the
+        timeline did not take: see `sync(soft=True)`), max_host_fraction (over synchronisation intervals with device work: the host's time
         / the device's; below 1 means the host stayed ahead: the scale could shrink by that factor),
         and what the clock charges at (chip, dtype, scale, speeds and their source)."""
         return {"busy_s": self._busy, "overrun_count": self._overruns, "overrun_s": self._overrun_s,
                 "ops": self._ops, "flops": self._flops, "bytes": self._bytes, "slept_s": self._slept,
-                "syncs": self._syncs, "host_gap_s": self._host_gap_s, "max_host_fraction": self._host_fraction, "chip": self.chip, "dtype": self.dtype, "scale": self.scale,
+                "syncs": self._syncs, "host_gap_s": self._host_gap_s, "max_host_fraction": self._host_fraction,
+                "soft_late_s": self._soft_late_s, "chip": self.chip, "dtype": self.dtype, "scale": self.scale,
                 "flops_per_s": self.speeds.flops_per_s, "bytes_per_s": self.speeds.bytes_per_s,
                 "source": self.speeds.source}
 
     def reset_stats(self) -> None:
         self._busy = self._overrun_s = self._slept = self._host_gap_s = self._host_fraction = 0.0
+        self._soft_late_s = 0.0
         self._overruns = self._ops = self._syncs = 0
         self._flops = self._bytes = 0
 
@@ -411,18 +478,21 @@ class TimedMode(TorchDispatchMode):
                 out = func(*args, **kwargs)
                 clock.completed()
                 return out
-            clock.sync()  # the data the collective sends is ready when the device gets there
+            # the data the collective sends is ready when the device gets there; a host that is late
+            # starts it late, and its completion (real) carries that into the timeline if it must
+            clock.sync(soft=True)
             out = func(*args, **kwargs)
-            clock.completed(_works_in(out))
+            clock.issued(_works_in(out))
             return out
         if func in _SYNC:
-            clock.sync()
+            clock.sync(soft=True)
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
         if func in _FREE or func.is_view or ns == "prim":
             return out
         clock._poll()
-        clock.charge(op_flops(func, args, kwargs, out), op_bytes(args, kwargs, out))
+        clock.charge(op_flops(func, args, kwargs, out), op_bytes(args, kwargs, out),
+                     func._opname if clock.trace is not None else "")
         return out
 
 
@@ -437,22 +507,92 @@ def active_clock() -> Optional[VirtualClock]:
     return _ACTIVE[-1] if _ACTIVE else None
 
 
+_LOCAL = threading.local()  # .stack: this thread's timed() clocks, innermost last
+
+
+def _thread_clock() -> Optional[VirtualClock]:
+    """The clock charging the calling thread's ops, or None (another thread: nothing is charged)."""
+    stack = getattr(_LOCAL, "stack", None)
+    if stack:
+        return stack[-1]
+    if _INSTALLED is not None and threading.get_ident() == _INSTALLED_THREAD:
+        return _INSTALLED.clock
+    return None
+
+
 @contextmanager
 def timed(clock: VirtualClock) -> Iterator[VirtualClock]:
     """Charge the ops this thread runs inside the block to `clock` (tests; explicit use)."""
     mode = TimedMode(clock)
     _ACTIVE.append(clock)
+    stack = _LOCAL.__dict__.setdefault("stack", [])
+    stack.append(clock)
     try:
         with mode:
             yield clock
     finally:
         _ACTIVE.remove(clock)
+        stack.remove(clock)
+
+
+# ---- process groups written in Python --------------------------------------------------------------
+# A `dist.ProcessGroup` subclass written in Python (ccl_bridge's HeteroProcessGroup) is called by
+# torch (dist.all_reduce, DDP's reducer) through pybind's trampoline, not through the `c10d::*` ops,
+# so no dispatch mode sees its collectives. Its methods are wrapped instead: the same soft
+# synchronisation before the call, the same completion tracking of the Work it returns.
+PG_METHODS = ("allreduce", "allreduce_coalesced", "allgather", "allgather_coalesced", "_allgather_base",
+              "allgather_into_tensor_coalesced", "reduce_scatter", "_reduce_scatter_base",
+              "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "broadcast", "reduce", "gather",
+              "scatter", "barrier", "send", "recv", "recv_anysource")
+
+
+def _timed_method(fn: Callable) -> Callable:
+    def call(self, *args, **kwargs):
+        clock = _thread_clock()
+        if clock is None:  # not the emulated chip's thread (the group's own executor, another rank's test)
+            return fn(self, *args, **kwargs)
+        clock.sync(soft=True)
+        work = fn(self, *args, **kwargs)
+        clock.issued([work] if work is not None else [])
+        return work
+    call.__name__, call.__qualname__, call.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    call._hal_timed = True  # type: ignore[attr-defined]
+    return call
+
+
+def watch_process_group_class(cls: type) -> None:
+    """Make a Python `dist.ProcessGroup` subclass's collectives synchronisation points of timed
+    emulation (idempotent; outside a timed thread the wrappers only call through)."""
+    for name in PG_METHODS:
+        fn = cls.__dict__.get(name)
+        if callable(fn) and not getattr(fn, "_hal_timed", False):
+            setattr(cls, name, _timed_method(fn))
+
+
+def watch_process_groups() -> list[type]:
+    """Wrap every Python subclass of `dist.ProcessGroup` defined so far; returns them."""
+    import torch.distributed as dist
+    if not dist.is_available():
+        return []
+    found, todo = [], list(dist.ProcessGroup.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if any(callable(cls.__dict__.get(n)) for n in PG_METHODS):
+            watch_process_group_class(cls)
+            found.append(cls)
+    return found
 
 
 def install(clock: VirtualClock) -> None:
     """Charge every op of the calling thread to `clock` from now on (hal.selection calls it when a
-    process binds an emulated chip with HAL_EMULATE_TIMED=1). A second call replaces the clock."""
+    process binds an emulated chip with HAL_EMULATE_TIMED=1). A second call replaces the clock.
+    Python process-group classes defined so far are watched (`watch_process_groups`); one defined
+    later should call `watch_process_group_class` itself (ccl_bridge's does not need to: the
+    `hetero` group exists before any rank binds its chip)."""
     global _INSTALLED, _INSTALLED_THREAD
+    watch_process_groups()
     if _INSTALLED is not None:
         old = _INSTALLED.clock
         _INSTALLED.clock = clock

@@ -177,8 +177,10 @@ def test_sync_sleeps_until_the_device_is_done():
 
 def test_a_host_slower_than_the_chip_is_an_overrun_not_silence():
     clock, ft = _clock()
-    clock.charge(1e9, 0)
-    ft.t += 3.0
+    clock.charge(1e9, 0)  # 1 s of work issued at t=100
+    ft.t += 1.5
+    clock.charge(0, 0)  # the host issues its next op at 101.5: the device sat idle for it
+    ft.t += 1.5
     with pytest.warns(timed.TimedEmulationOverrunWarning, match="HAL_EMULATE_TIME_SCALE"):
         clock.sync()
     st = clock.stats()
@@ -186,16 +188,23 @@ def test_a_host_slower_than_the_chip_is_an_overrun_not_silence():
     assert clock.device_t == ft.t  # the step took the host's time
     clock.charge(1e9, 0)
     ft.t += 2.0
+    clock.charge(1e9, 0)  # issued 1 s after the device ran out of work
+    ft.t += 0.5
     clock.sync()  # warned once per clock; still counted
-    assert clock.stats()["overrun_count"] == 2
+    assert clock.stats()["overrun_count"] == 2 and clock.stats()["overrun_s"] == pytest.approx(2.0 + 0.5)
 
 
-def test_host_time_between_collectives_is_not_an_overrun():
+def test_host_only_work_after_the_last_op_is_a_gap_not_an_overrun():
     clock, ft = _clock()
     clock.completed()
     ft.t += 0.01
-    clock.sync()
+    clock.sync()  # Python between two collectives, nothing charged
     assert clock.stats()["overrun_count"] == 0 and clock.stats()["host_gap_s"] == pytest.approx(0.01)
+    clock.charge(1e9, 0)  # 1 s issued while the host is ahead ...
+    ft.t += 3.0           # ... then 3 s of host-only work (I/O)
+    clock.sync()
+    st = clock.stats()
+    assert st["overrun_count"] == 0 and st["host_gap_s"] == pytest.approx(2.01) and ft.slept == []
 
 
 def test_item_synchronises(monkeypatch):
@@ -333,3 +342,28 @@ def test_two_ranks_collectives_synchronise_and_backward_under_ddp_is_charged():
         assert r["slept"] == pytest.approx(r["busy"])  # the fake host was infinitely fast: it slept it all
         assert r["overruns"] == 0
     assert res[1]["busy"] > res[0]["busy"]  # 910B2 is slower than H100
+
+
+def test_a_recorded_trace_is_priced_as_the_clock_charges():
+    x, w = torch.randn(8, 16, requires_grad=True), torch.randn(16, 4, requires_grad=True)
+    trace = timed.record_ops(lambda: (x @ w).relu().sum().backward())
+    assert [op for op, _, _ in trace if op == "mm"] == ["mm"] * 3
+    sp = chip_speeds("ascend", "bfloat16", 1e4)
+    x.grad = w.grad = None
+    clock, _ = _clock(sp)
+    with timed.timed(clock):
+        (x @ w).relu().sum().backward()
+    assert timed.trace_cost(trace, sp) == pytest.approx(clock.stats()["busy_s"])
+
+
+def test_a_late_item_leaves_the_timeline_to_the_next_hard_sync():
+    clock, ft = _clock()
+    clock.charge(1e9, 0)      # 1 s issued at t=100
+    ft.t += 0.2
+    clock.charge(0, 0)
+    ft.t += 1.0               # the host reads a value at 101.2: late by 0.2 s
+    clock.sync(soft=True)
+    assert clock.device_t == pytest.approx(101.0) and clock.stats()["overrun_count"] == 0
+    clock.charge(2e9, 0)      # the device timeline goes on from 101: the host catches up
+    clock.sync()
+    assert clock.stats()["overrun_count"] == 0 and ft.t == pytest.approx(103.0)
