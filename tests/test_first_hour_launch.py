@@ -101,6 +101,8 @@ TRAIN_CASES = [
     ([], {"data": 'source = "files"\npaths = ["no/such/dir"]'}, {}, ["data.paths", "no/such/dir"]),
     (["--plan", "/nonexistent/plan.toml"], {}, {}, ["plan.file", "/nonexistent/plan.toml"]),
     (["--run-dir", "/etc/hostname"], {}, {}, ["--run-dir /etc/hostname", "is a file"]),
+    (["--max-restarts", "-1"], {}, {}, ["--max-restarts -1"]),
+    ([], {}, {"HAL_CPU_CCL": "bogus"}, ["HAL_CPU_CCL='bogus'"]),
 ]
 
 
