@@ -270,13 +270,31 @@ def run_ranks(prog: str, cmd: list[str], env: dict, log: Optional[str] = None) -
 def print_failure(prog: str, code: int, text: str, log: str) -> None:
     """The launcher's report of a failed job: the first failing rank's own line, once, and the log."""
     first = first_rank_error(text)
+    root = None if first else torchrun_root_cause(text)
     if first:
         print(f"{prog}: error: first failing rank: {first}", file=sys.stderr)
+    elif root:
+        print(f"{prog}: error: first failing rank (torchrun's root cause; it raised no Python exception): "
+              f"{root}", file=sys.stderr)
     else:
         last = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output on stderr)"]
         print(f"{prog}: error: a rank exited with code {code} without a Python exception; last stderr line: "
               f"{last[0].strip()[:300]}", file=sys.stderr)
     print(f"{prog}: full log of every rank: {log}", file=sys.stderr)
+
+
+_ROOT_CAUSE_RE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)[^\n]*\n"
+                            r"\s*exitcode\s*:\s*([^\n]*)\n.*?traceback\s*:\s*([^\n]*)", re.S)
+
+
+def torchrun_root_cause(log_text: str) -> Optional[str]:
+    """"rank=R exitcode E: message" from torchrun's ChildFailedError summary (its "Root Cause (first
+    observed failure)" block, torch/distributed/elastic/multiprocessing/errors/__init__.py in torch
+    2.13), for a rank that died without reporting (a signal, os._exit), or None."""
+    m = _ROOT_CAUSE_RE.search(log_text)
+    if not m:
+        return None
+    return f"rank={m.group(1)} exitcode {' '.join(m.group(2).split())}: {m.group(3).strip()[:300]}"
 
 
 def run_target(argv: list[str]) -> None:

@@ -171,6 +171,26 @@ def test_train_rank_failure_at_run_time_prints_the_first_failing_rank_once(tmp_p
     assert log == tmp_path / "run" / "ranks.log" and "Traceback" in log.read_text()
 
 
+def test_a_rank_killed_by_a_signal_is_named_from_torchruns_root_cause(tmp_path, capsys):
+    """No Python exception to report (SIGKILL, as the OOM killer sends): the launcher reads torchrun's
+    own "Root Cause" block and prints that rank and signal once."""
+    from hal.launch_check import run_ranks
+    from hal.testing import free_port
+    script = tmp_path / "ranks.py"
+    script.write_text("import os, signal, time\n"
+                      "if os.environ['RANK'] == '1': os.kill(os.getpid(), signal.SIGKILL)\n"
+                      "time.sleep(1)\n")
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN}
+    code = run_ranks("hal demo", [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                  "--master-port", str(free_port()), str(script)], {**env, "OMP_NUM_THREADS": "1"})
+    err = capsys.readouterr().err.splitlines()
+    assert code == 1 and len(err) == 2, err
+    assert err[0].startswith("hal demo: error: first failing rank (torchrun's root cause; it raised no Python "
+                             "exception): rank=1 exitcode -9 "), err[0]
+    assert "SIGKILL" in err[0]
+    Path(err[1].split(": ")[-1]).unlink()
+
+
 # ---- hal testbed run ---------------------------------------------------------------------------------
 class _FakeSpec:
     def __init__(self, ranks, chips=()):
