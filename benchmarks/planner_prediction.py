@@ -49,7 +49,7 @@ CHARGE_DTYPE = "bfloat16"   # the dtype timed emulation charges FLOPs at (hal.ti
 _book = None
 
 
-def w_init(timeout_s: float = TIMEOUT_S) -> dict:
+def w_init(backend: str = "gloo", timeout_s: float = TIMEOUT_S) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -58,7 +58,7 @@ def w_init(timeout_s: float = TIMEOUT_S) -> dict:
     global _book
     torch.set_num_threads(1)
     if not dist.is_initialized():
-        dist.init_process_group("hetero", timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
         _book = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
     acc = hal.accelerator()
     return {"rank": dist.get_rank(), "chip": acc.chip.name, "emulated": bool(acc.emulated)}
@@ -115,10 +115,17 @@ def w_measure(plan_json: str, model: dict, warmup: int, repeats: int) -> dict:
     g = torch.Generator().manual_seed(1)
     data = torch.randint(0, cfg.vocab, (plan.global_batch, cfg.seq + 1), generator=g)
     x, y = data[:, :-1], data[:, 1:]
-    times = []
+    try:
+        from hal import timed
+        clock = timed.active_clock()
+    except ImportError:
+        clock = None
+    times, stats = [], []
     for _ in range(warmup + repeats):
         _flush()
         dist.barrier(group=_book)
+        if clock is not None:
+            clock.reset_stats()
         t0 = time.perf_counter()
         run.step(x, y)
         if opt is not None:
@@ -126,13 +133,9 @@ def w_measure(plan_json: str, model: dict, warmup: int, repeats: int) -> dict:
             opt.zero_grad(set_to_none=True)
         _flush()
         times.append(time.perf_counter() - t0)
-    stats = None
-    try:
-        from hal import timed
-        clock = timed.active_clock()
-        stats = clock.stats() if clock is not None else None
-    except ImportError:
-        pass
+        if clock is not None:
+            st = clock.stats()
+            stats.append({k: st[k] for k in ("busy_s", "overrun_count", "overrun_s", "slept_s", "ops", "bytes")})
     del run, opt
     return {"times": times, "clock": stats}
 
@@ -181,13 +184,11 @@ def layouts(speeds: dict) -> list[tuple[str, str, str]]:
 
 # ---- the comparison ----------------------------------------------------------------------------------
 def fit_link(sizes: list, seconds: list) -> tuple[float, float]:
-    """(latency s, bandwidth B/s) of t = latency + bytes / bandwidth, least squares."""
-    n = len(sizes)
-    mx, my = sum(sizes) / n, sum(seconds) / n
-    sxx = sum((x - mx) ** 2 for x in sizes)
-    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sxx
-    lat = max(0.0, my - slope * mx)
-    return lat, 1.0 / max(slope, 1e-15)
+    """(latency s, bandwidth B/s) of t = latency + bytes / bandwidth: latency = the smallest
+    message's time, bandwidth from the largest (robust to the jitter of a loaded host, where a least
+    squares slope over a few sizes can come out negative)."""
+    lat = seconds[0]
+    return lat, (sizes[-1] - sizes[0]) / max(seconds[-1] - lat, 1e-9)
 
 
 def spearman(a: list, b: list) -> float:
@@ -232,7 +233,16 @@ def predict(plan_json: str, emap: str, scale: float, link: tuple[float, float], 
     cfg = ModelConfig(**MODEL)
     plan.check(topo, cfg)
     lay = from_plan(plan, facts, {r: topo.node_of(r) for r in range(topo.world_size)})
-    return simulate(lay, ModelFacts(cfg, dtype_bytes=DTYPE_BYTES)), facts
+    global _PROFILE
+    if _PROFILE is None:
+        from strategies.planner.op_profile import OpProfile
+        _PROFILE = OpProfile(cfg)
+    by_ops = simulate(lay, ModelFacts(cfg, dtype_bytes=DTYPE_BYTES, op_profile=_PROFILE))
+    by_totals = simulate(lay, ModelFacts(cfg, dtype_bytes=DTYPE_BYTES))
+    return by_ops, by_totals
+
+
+_PROFILE = None
 
 
 def main(argv=None) -> int:
@@ -278,8 +288,8 @@ def main(argv=None) -> int:
             info = pool.run(w_init, timeout=180)
             assert all(i["emulated"] for i in info), info
             if link is None:   # the CPU fabric is the same for every map: probe once
-                sizes = [4096, 65536, 262144, 1048576]
-                secs = pool.run(w_probe, sizes, 7, timeout=180)[0]
+                sizes = [4096, 65536, 1048576, 8388608]
+                secs = pool.run(w_probe, sizes, 9, timeout=180)[0]
                 link = fit_link(sizes, secs)
                 print(f"link probe (send/recv ping-pong over `hetero`, rank 0 <-> {world - 1}): "
                       + ", ".join(f"{s // 1024} KiB {t * 1e6:.0f} us" for s, t in zip(sizes, secs))
@@ -288,23 +298,32 @@ def main(argv=None) -> int:
                 res = pool.run(w_measure, pj, MODEL, args.warmup, args.repeats, timeout=600)
                 per_step = [max(r["times"][i] for r in res) for i in range(args.warmup + args.repeats)]
                 meas = statistics.median(per_step[args.warmup:])
-                sim, facts = predict(pj, emap, scale or 1.0, link, timed_on)
+                sim, sim_totals = predict(pj, emap, scale or 1.0, link, timed_on)
                 spread = (max(per_step[args.warmup:]) - min(per_step[args.warmup:])) / meas
+                # overrun in the measured steps (the host behind the emulated chip), summed over ranks
+                over = sum(c["overrun_s"] for r in res for c in (r["clock"] or [])[args.warmup:])
                 rows.append({"layout": name, "map": emap, "predicted_s": sim.step_time_s, "measured_s": meas,
-                             "steps_s": per_step, "spread": spread, "clock": res[0].get("clock")})
-                print(f"  {name:<34} predicted {sim.step_time_s * 1e3:8.1f} ms  measured {meas * 1e3:8.1f} ms  "
-                      f"error {(sim.step_time_s - meas) / meas * 100:+6.1f}%  (steps spread {spread * 100:.1f}%)",
-                      flush=True)
-    pred = [r["predicted_s"] for r in rows]
+                             "predicted_totals_s": sim_totals.step_time_s, "steps_s": per_step, "spread": spread,
+                             "overrun_s_all_ranks": over, "rank_times_s": [r["times"] for r in res],
+                             "clock": [r.get("clock") for r in res]})
+                print(f"  {name:<32} predicted {sim.step_time_s * 1e3:8.1f} ms  measured {meas * 1e3:8.1f} ms  "
+                      f"error {(sim.step_time_s - meas) / meas * 100:+6.1f}%   [from totals {sim_totals.step_time_s * 1e3:8.1f}"
+                      f" ms {(sim_totals.step_time_s - meas) / meas * 100:+6.1f}%]  spread {spread * 100:.1f}%  "
+                      f"overrun {over * 1e3:.0f} ms", flush=True)
     meas = [r["measured_s"] for r in rows]
-    mape = sum(abs(a - b) / b for a, b in zip(pred, meas)) / len(rows) * 100
-    rho = spearman(pred, meas)
-    print(f"\n{len(rows)} layouts: MAPE {mape:.2f}%, Spearman rank correlation {rho:.3f} "
-          f"(predicted order {'==' if sorted(range(len(rows)), key=pred.__getitem__) == sorted(range(len(rows)), key=meas.__getitem__) else '!='} measured order); "
-          f"{time.perf_counter() - t_all:.0f} s")
+    out = {"rows": rows, "link": link, "scale": scale, "timed": timed_on, "model": MODEL}
+    print()
+    for key, label in (("predicted_s", "op-by-op cost model"), ("predicted_totals_s", "totals cost model")):
+        pred = [r[key] for r in rows]
+        mape = sum(abs(a - b) / b for a, b in zip(pred, meas)) / len(rows) * 100
+        rho = spearman(pred, meas)
+        same = sorted(range(len(rows)), key=pred.__getitem__) == sorted(range(len(rows)), key=meas.__getitem__)
+        print(f"{label:<22}: {len(rows)} layouts, MAPE {mape:.2f}%, Spearman rank correlation {rho:.3f} "
+              f"(predicted order {'==' if same else '!='} measured order)")
+        out[key.replace("_s", "")] = {"mape_pct": mape, "spearman": rho, "same_order": same}
+    print(f"{time.perf_counter() - t_all:.0f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "mape_pct": mape, "spearman": rho, "link": link,
-                                               "scale": scale, "timed": timed_on, "model": MODEL}, indent=2))
+        Path(args.json).write_text(json.dumps(out, indent=2))
     return 0
 
 

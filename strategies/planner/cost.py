@@ -90,6 +90,7 @@ class ReplicaCost:
     params_local: float     # parameters this rank holds before sharding
     memory: float           # peak bytes per rank
     optimizer: float        # seconds for the optimizer step
+    grad_acc: float = 0.0   # extra seconds of a backward after the first of a step (adds into .grad)
 
 
 def allreduce_time(nbytes: float, n: int, bw: float, lat: float = 0.0) -> float:
@@ -207,10 +208,11 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     bwd = 2 * compute_fwd + 2 * elementwise + (tp_comm + ep_comm) / 2
     if recompute:
         bwd += compute_fwd + elementwise + (tp_comm + ep_comm) / 2
-    op_opt = None
+    op_opt = grad_acc = None
     if m.op_profile is not None and not m.experts:     # op by op (op_profile.py); comm as above
         from .op_profile import stage_seconds
-        pf, pb, op_opt = stage_seconds(m.op_profile, f.flops, f.memory_bw, tp, n_layers, first, last, mb, recompute)
+        pf, pb, op_opt, grad_acc = stage_seconds(m.op_profile, f.flops, f.memory_bw, tp, n_layers, first, last, mb,
+                                                 recompute)
         fwd, bwd = pf + (tp_comm + ep_comm) / 2, pb + (tp_comm + ep_comm) / 2
     # memory
     layer_p = m.layer_params
@@ -235,5 +237,7 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     memory = state + buckets + act_keep + max(act_work, loss) + zero3_gather + BRIDGE_STAGING
     shard = dp if zero >= 1 else 1
     optimizer = params / shard * ADAM_TRAFFIC / f.memory_bw if op_opt is None else op_opt / shard
+    if grad_acc is None:   # a later micro-batch's backward adds into fp32 gradients: read 2, write 1
+        grad_acc = params * GRAD_BYTES * 3 / f.memory_bw
     return ReplicaCost(fwd=fwd, bwd=bwd, tp_comm=tp_comm, ep_comm=ep_comm, params_local=params,
-                       memory=memory, optimizer=optimizer)
+                       memory=memory, optimizer=optimizer, grad_acc=grad_acc)

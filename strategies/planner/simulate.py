@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,8 @@ from typing import Optional
 
 from .cost import GRAD_BYTES, ModelFacts, ReplicaCost, dp_reduce_time, gather_time, p2p_time, replica_cost
 from .facts import ChipFacts
+
+DDP_BUCKET_BYTES = 2**20   # apply_plan's DDP bucket cap (strategies.apply._apply_dp: bucket_cap_mb=1.0)
 
 
 @dataclass
@@ -213,7 +216,7 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
                     break
                 c = costs[s][r]
                 t0 = max(free[s][r], arrivals[key])
-                t1 = t0 + (c.fwd if kind == "F" else c.bwd)
+                t1 = t0 + (c.fwd if kind == "F" else c.bwd + (c.grad_acc if j else 0.0))
                 done[key], start_of[key] = t1, t0
                 free[s][r] = t1
                 pos[s][r] += 1
@@ -255,8 +258,10 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
     ranks: list[RankStats] = []
     step_end = 0.0
     per_rep_end = []
+    red_ends: list[float] = []
     for s, st in enumerate(stages):
         dp = len(st.reps)
+        params = 0.0
         last_b_start = max(start_of[("B", s, r, m - 1)] for r in range(dp))
         last_b_end = max(done[("B", s, r, m - 1)] for r in range(dp))
         t_red = 0.0
@@ -282,18 +287,41 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
                 for r in st.reps[::st.ep]:
                     eparts.setdefault(r.facts.name, [r.facts, 0, r.facts.nic_bw])[1] += 1
                 t_red += dp_reduce_time(eparams * GRAD_BYTES, [tuple(v) for v in eparts.values()])
-        tail = t_red / max(st.n_layers, 1)
-        red_end = max(last_b_start + t_red, last_b_end + tail) if dp > 1 else last_b_end
-        row = []
-        for r, rep in enumerate(st.reps):
-            end = red_end + costs[s][r].optimizer
-            row.append((end, red_end - done[("B", s, r, m - 1)]))
-            step_end = max(step_end, end)
-        per_rep_end.append(row)
+        if dp > 1 and layout.zero == 0 and len(st.reps[0].ranks) == 1:
+            # apply_plan's DDP: the reduction starts bucket by bucket during the last backward, so
+            # the last bucket (1 / buckets of it, at most 1 / layers) is exposed; the reducer copies
+            # each gradient into its bucket and back (2 copy_ ops: dst + src read, dst written)
+            nb = max(1, min(st.n_layers, math.ceil(max(params, 0) * GRAD_BYTES / DDP_BUCKET_BYTES)))
+            copies = max(params, 0) * GRAD_BYTES * 6 / min(x.facts.memory_bw for x in st.reps)
+            red_end = max(last_b_start + t_red, last_b_end + t_red / nb) + copies
+        elif dp > 1 and layout.zero == 0:
+            # TP stages: one flat all_reduce after the pipeline (apply_plan's _sum_grads: cat, reduce,
+            # copy back), not overlapped
+            copies = max(params, 0) * GRAD_BYTES * 5 / min(x.facts.memory_bw for x in st.reps)
+            red_end = last_b_end + t_red + copies
+        elif dp > 1:   # FSDP2: reduce-scatter per layer during backward, the last layer's exposed
+            red_end = max(last_b_start + t_red, last_b_end + t_red / max(st.n_layers, 1))
+        else:
+            red_end = last_b_end
+        red_ends.append(red_end)
         if trace and dp > 1:
             for r in range(dp):
                 events.append({"name": "dp_reduce", "ph": "X", "ts": max(last_b_start, 0) * 1e6,
                                "dur": (red_end - last_b_start) * 1e6, "pid": s, "tid": r, "cat": "comm"})
+    # the step's loss is all-reduced over the world before the optimizer (apply_plan's step): every
+    # rank waits there for the slowest reduction
+    world_parts: dict[str, list] = {}
+    for st in stages:
+        for rep in st.reps:
+            world_parts.setdefault(rep.facts.name, [rep.facts, 0, rep.facts.nic_bw])[1] += len(rep.ranks)
+    t_barrier = max(red_ends) + dp_reduce_time(4.0, [tuple(v) for v in world_parts.values()])
+    for s, st in enumerate(stages):
+        row = []
+        for r, rep in enumerate(st.reps):
+            end = t_barrier + costs[s][r].optimizer
+            row.append((end, red_ends[s] - done[("B", s, r, m - 1)]))
+            step_end = max(step_end, end)
+        per_rep_end.append(row)
 
     tokens = layout.global_batch * model.seq
     flops_total = 0.0
@@ -305,7 +333,7 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
         for r, rep in enumerate(st.reps):
             c = costs[s][r]
             tp = len(rep.ranks)
-            busy = m * (c.fwd + c.bwd)
+            busy = m * (c.fwd + c.bwd) + (m - 1) * c.grad_acc
             inner_comm = m * (c.tp_comm + c.ep_comm)
             end, exposed = per_rep_end[s][r]
             first_start = start_of[("F", s, r, 0)]
