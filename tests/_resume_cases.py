@@ -23,17 +23,17 @@ def load_full(config: dict, step: int) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     import hal
-    from hal.topology import Topology
     from strategies.apply import apply_plan
     from strategies.models import build_model
     from trainer import checkpoint as ckpt
+    from trainer.elastic import live_topology
     from trainer.loop import _init, make_plan
 
     cfg = TrainConfig(**config)
     _init(cfg)
     rank, world = dist.get_rank(), dist.get_world_size()
     book = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.timeout_s))
-    topo = Topology.from_env(world_size=world)
+    topo = live_topology(world, book, lambda s: None)
     model_cfg = cfg.load_model_config()
     plan = make_plan(cfg, topo, model_cfg, book)
     chips = [None] * world

@@ -157,10 +157,13 @@ def test_two_stages_per_rank_checkpoint_continues_on_fsdp2(pool, uninterrupted, 
 
 
 def test_fewer_ranks_other_cluster_replanned_load_and_continue(uninterrupted, tmp_path):
-    """Step 8 of the 2+2 PP x DP run, on 3 ranks (cuda:2 + ascend:1) laid out by the planner."""
+    """Step 8 of the 2+2 PP x DP run, on 3 ranks (cuda, cuda, ascend) laid out by the planner."""
     a_dir, a = uninterrupted
     reference = _offline(a_dir / "checkpoints" / f"step_{ASYNC_STEP:08d}", tmp_path)
-    with WorkerPool(3, env={"HAL_EMULATE": "cuda:2,ascend:1", "OMP_NUM_THREADS": "1"}) as pool3:
+    # each "node" knows only its own chip (HAL_EMULATE=<chip> per rank, as a node's own setting would be):
+    # the topology comes from the ranks' chips (trainer.elastic.live_topology), not from one global map
+    node = [{"HAL_EMULATE": c, "OMP_NUM_THREADS": "1"} for c in ("cuda", "cuda", "ascend")]
+    with WorkerPool(3, env=node) as pool3:
         cfg = _config(tmp_path / "load3", {"source": "auto"}, checkpoint={"dir": str(a_dir / "checkpoints")})
         _check_loaded(pool3.run(cases.load_full, cfg, ASYNC_STEP, timeout=180), reference)
         _copy_ckpt(a_dir, ASYNC_STEP, tmp_path / "s")

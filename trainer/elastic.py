@@ -271,3 +271,31 @@ def init_process_group(backend: str, timeout) -> None:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     else:
         dist.init_process_group(backend, timeout=timeout)
+
+
+def live_topology(world: int, group, log: Callable[[str], None] = print):
+    """The topology of the ranks that are here: the environment's (HAL_EMULATE / HAL_CLUSTER) when it
+    names the chip every rank actually runs, else one built from the ranks' own chips (gathered over
+    `group`, collective). After a node is removed or replaced the environment may still describe the old
+    cluster - a spec of the old world size, or a per-node HAL_EMULATE=<chip> that names one chip for
+    every rank - and the plan (`auto`) must be made for what is there. From the chips alone each chip
+    kind is one sub-cluster on one node with the catalog's link figures (hal.topology.Topology.from_chips)."""
+    import torch.distributed as dist
+
+    import hal
+    from hal.topology import Topology, TopologyError
+    acc = hal.accelerator()
+    live: list = [None] * world
+    dist.all_gather_object(live, (acc.chip.name, bool(acc.emulated)), group=group)
+    chips = [c for c, _ in live]
+    try:
+        topo = Topology.from_env(world_size=world)
+        named = [topo.chip_of(r) for r in range(world)]
+        if named == chips:
+            return topo
+        why = f"the environment names chips {named}, the ranks run {chips}"
+    except TopologyError as exc:
+        why = f"the environment gives no topology for {world} ranks: {exc}"
+    if dist.get_rank() == 0:
+        log(f"hal train: topology from the ranks' own chips ({why})")
+    return Topology.from_chips(chips, emulated=all(e for _, e in live))

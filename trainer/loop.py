@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from .config import TrainConfig, TrainConfigError
 from .data import VOCAB, Corpus, replica_rows, train_batch, val_batches
-from .elastic import Elastic
+from .elastic import Elastic, live_topology
 from .metrics import global_grad_norm
 from .report import end_report, finish_report
 
@@ -101,7 +101,6 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
     """Run (or resume) the configured training on this rank; returns this rank's result (rank, chip,
     start/end step, losses, val losses, params digest). Every rank of the world must call it."""
     import hal
-    from hal.topology import Topology
     from strategies.apply import apply_plan
     from strategies.models import build_model
 
@@ -111,7 +110,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     acc = hal.accelerator()
     book = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.timeout_s))  # bookkeeping
-    topo = Topology.from_env(world_size=world)
+    topo = live_topology(world, book, log)  # the chips that are here (a node may have gone: trainer/elastic.py)
     model_cfg = cfg.load_model_config()
     if model_cfg.vocab != VOCAB:
         raise TrainConfigError("model.overrides.vocab", model_cfg.vocab,
