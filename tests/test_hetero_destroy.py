@@ -17,13 +17,20 @@ def test_destroy_hetero_groups_then_exit_cleanly():
     pool = WorkerPool(WORLD, env={"HAL_EMULATE": "cuda:2,ascend:2", "OMP_NUM_THREADS": "1"})
     try:
         out = pool.run(ddp_then_destroy, timeout=120)
+        # The original symptom was at interpreter exit, so let every rank exit on its own: ask each
+        # worker to stop and wait for it (pool.close() kills a worker still alive after 10 s, which a
+        # loaded machine can reach with any torch process: -9 would then say nothing about hetero).
+        # WorkerPool keeps its connections and processes private; their exit is what this test is about.
+        for conn in pool._conns:
+            conn.send(None)
+        for proc in pool._procs:
+            proc.join(120)
+        codes = [proc.exitcode for proc in pool._procs]
     finally:
-        pool.close()
+        pool.close(kill=True)
     assert [o["chip"] for o in out] == ["cuda", "cuda", "ascend", "ascend"]
     assert all(o["emulated"] for o in out)
     assert [o["sum"] for o in out] == [10.0] * WORLD          # 1 + 2 + 3 + 4 on every rank
     assert not any(o["initialized_after"] for o in out)
-    # the original symptom was at interpreter exit: a rank killed by SIGABRT has exit code -6.
-    # WorkerPool keeps its processes private; their exit codes are what this test is about.
-    codes = [p.exitcode for p in pool._procs]
-    assert codes == [0] * WORLD, f"rank exit codes {codes} (-6: SIGABRT at exit, the old abort)"
+    # 0: a clean exit; -6: SIGABRT at exit (the old abort); None: still running after 120 s (a hang)
+    assert codes == [0] * WORLD, f"rank exit codes {codes} (-6: SIGABRT at exit, None: hung at exit)"
