@@ -58,7 +58,7 @@ def test_parts_configs_round_trip_through_toml(tmp_path):
     cfg = TrainConfig(**_config(tmp_path / "run", cluster={"emulate": EMULATE, "timed": True, "time_scale": 3e5},
                                 plan={"source": "auto"}))
     parts = dict(part_configs(cfg))
-    assert list(parts) == ["cuda-2", "kunlun-1", "ascend-1", "even"]
+    assert list(parts) == ["cuda-2", "cuda-2-even", "kunlun-1", "ascend-1", "even"]
     for name, data in parts.items():
         path = tmp_path / f"{name}.toml"
         path.write_text(to_toml(data))
@@ -75,11 +75,13 @@ def test_efficiency_from_parts_summaries(tmp_path):
     from trainer.parts import efficiency, report
     cfg = TrainConfig(**_config(tmp_path, cluster={"emulate": "cuda:2,ascend:2"}, plan={"source": "auto"}))
     assert efficiency(cfg, 100.0)["efficiency"] is None  # nothing measured yet: said, not invented
-    for name, tps in (("cuda-2", 60.0), ("ascend-2", 40.0), ("even", 70.0)):
+    for name, tps in (("cuda-2", 55.0), ("cuda-2-even", 60.0), ("ascend-2", 40.0), ("ascend-2-even", 30.0),
+                      ("even", 70.0)):
         (tmp_path / "parts" / name).mkdir(parents=True)
         (tmp_path / "parts" / name / "summary.json").write_text(json.dumps({"tokens_per_s_median": tps}))
     eff = efficiency(cfg, 96.0)
-    assert eff["parts_sum_tokens_per_s"] == 100.0
+    assert eff["parts_sum_tokens_per_s"] == 100.0  # each sub-cluster's best measured layout
+    assert eff["parts_layout"] == {"cuda-2": "Plan.even", "ascend-2": "plan auto"}
     assert eff["efficiency"] == pytest.approx(0.96) and eff["even_efficiency"] == pytest.approx(0.70)
     text = "\n".join(report(eff, True, "auto"))
     assert "MIXED-CLUSTER EFFICIENCY" in text and "96.0%" in text and "70.0%" in text

@@ -101,6 +101,7 @@ class EfficiencySection(_Section):
     steps: int = Field(default=8, ge=2, description="--measure-parts: steps of each sub-cluster alone and of Plan.even")
     skip: int = Field(default=2, ge=0, description="first steps left out of the tokens/s medians (start-up)")
     part: bool = Field(default=False, description="set by --measure-parts on its own runs (no efficiency lines)")
+    part_even: bool = Field(default=True, description="--measure-parts: also measure each sub-cluster with Plan.even; the best counts")
 
 
 class TrainConfig(_Section):

@@ -3,7 +3,10 @@
 Before the main run, on the same machine, it runs (each a short `hal train` of `efficiency.steps` steps,
 no checkpoints, into `<run dir>/parts/<name>/`):
   - every sub-cluster ALONE (`cuda:2`, then `ascend:2`, ...), laid out by the planner for that
-    sub-cluster (`plan.source = auto`), with the run's global batch, model, data and timed emulation;
+    sub-cluster (`plan.source = auto`) and, with `efficiency.part_even` (default on, sub-clusters of 2+
+    ranks), also with Plan.even (DP over its ranks): the planner's pick is not always the fastest
+    measured, and the reference is each sub-cluster's BEST measured layout; with the run's global
+    batch, model, data and timed emulation;
   - the whole cluster with `Plan.even` (the config's even settings; when the main plan is itself
     `even`, the main run is that measurement and this one is skipped).
 Then the main run. At its end rank 0 computes (trainer.loop -> `efficiency`):
@@ -93,9 +96,13 @@ def part_configs(cfg) -> list[tuple[str, dict]]:
         return d
 
     p = cfg.plan
+    moe = cfg.load_model_config().is_moe
     for chip, n in items:
         out.append((f"{chip}-{n}", derived(f"{chip}-{n}", f"{chip}:{n}",
                                            {"source": "auto", "max_pp": p.max_pp})))
+        if cfg.efficiency.part_even and n > 1:  # the planner's pick is not always the fastest: measure DP too
+            out.append((f"{chip}-{n}-even", derived(f"{chip}-{n}-even", f"{chip}:{n}",
+                                                    {"source": "even", "ep": moe})))
     if p.source != "even":
         even = {"source": "even", "pp": p.pp, "tp": p.tp, "zero": p.zero, "num_microbatches": p.num_microbatches,
                 "ep": p.ep or cfg.load_model_config().is_moe}
@@ -138,10 +145,17 @@ def efficiency(cfg, measured: Optional[float]) -> dict:
         names = [n for n, _ in part_configs(cfg) if n != "even"]
     except HalError as exc:
         return {"efficiency": None, "even_efficiency": None, "parts": {}, "efficiency_note": str(exc)}
-    parts = {n: _median_tps(root / n) for n in names}
+    measured_parts = {n: _median_tps(root / n) for n in names}
+    parts: dict[str, Optional[float]] = {}  # per sub-cluster: the best of its measured layouts
+    best_of: dict[str, str] = {}
+    for n, v in measured_parts.items():
+        key = n[:-len("-even")] if n.endswith("-even") else n
+        if key not in parts or (v is not None and (parts[key] is None or v > parts[key])):
+            parts[key], best_of[key] = v, ("Plan.even" if n.endswith("-even") else "plan auto")
     even = measured if cfg.plan.source == "even" else _median_tps(root / "even")
     ideal = sum(parts.values()) if parts and all(v for v in parts.values()) else None
-    out = {"parts": parts, "parts_sum_tokens_per_s": ideal, "tokens_per_s": measured,
+    out = {"parts": parts, "parts_layout": best_of, "parts_measured": measured_parts,
+           "parts_sum_tokens_per_s": ideal, "tokens_per_s": measured,
            "even_tokens_per_s": even,
            "efficiency": measured / ideal if ideal and measured else None,
            "even_efficiency": even / ideal if ideal and even else None}
@@ -158,8 +172,8 @@ def report(eff: dict, timed: bool, plan_source: str) -> list[str]:
     if eff.get("parts_sum_tokens_per_s") is None:
         lines.append(f"  {eff.get('efficiency_note', 'parts not measured')}; this run: {r(eff.get('tokens_per_s'))} tok/s")
         return lines
-    parts = " + ".join(f"{n} {r(v)}" for n, v in eff["parts"].items())
-    lines.append(f"  sub-clusters alone, each with its own planned layout: {parts} = {r(eff['parts_sum_tokens_per_s'])} tok/s")
+    parts = " + ".join(f"{n} {r(v)} ({eff.get('parts_layout', {}).get(n, 'plan auto')})" for n, v in eff["parts"].items())
+    lines.append(f"  sub-clusters alone, each with its best measured layout: {parts} = {r(eff['parts_sum_tokens_per_s'])} tok/s")
     lines.append(f"  this run (plan {plan_source}): {r(eff['tokens_per_s'])} tok/s -> efficiency "
                  f"{eff['efficiency'] * 100:.1f}%" if eff.get("efficiency") else "  this run: n/a")
     lines.append(f"  Plan.even: {r(eff['even_tokens_per_s'])} tok/s -> even_efficiency "
