@@ -4,9 +4,13 @@
                                             [--untimed] [--json out.json]
 
 For each layout (chip map x Plan, below) the layout is run for real: a WorkerPool of one process per
-rank (torchrun's variables, the `hetero` backend, HAL_EMULATE = the chip map, every chip EMULATED
-on this host's CPU), `strategies.apply.apply_plan` builds the run and each step is what
-trainer/loop.py runs (`run.step` + AdamW). The measured step time is, per step, the longest rank's
+rank (torchrun's variables, HAL_EMULATE = the chip map, every chip EMULATED on this host's CPU),
+`strategies.apply.apply_plan` builds the run and each step is what trainer/loop.py runs (`run.step`
++ AdamW). The default process group is gloo, not the `hetero` bridge: the bridge is a Python
+ProcessGroup whose collectives and sends never enter torch's dispatcher, so timed emulation cannot
+see them and does not synchronise the emulated clocks across ranks there (seen here: on `hetero`
+every rank's step came out as its own busy time, with no pipeline bubble). On gloo every collective
+and send/recv is a c10d op the clock synchronises at. All ranks are CPU processes either way. The measured step time is, per step, the longest rank's
 time from a common barrier to the end of its optimizer step; the figure is the median over
 `--repeats` steps after `--warmup`. With timed emulation on (`HAL_EMULATE_TIMED=1`, hal.timed, the
 default here) an emulated chip's compute takes the time its speed says on a virtual clock, slept up
@@ -71,7 +75,7 @@ def _flush() -> None:
 
 
 def w_probe(sizes: list, reps: int) -> list:
-    """Ping-pong between rank 0 and the last rank (different chips) over the world (hetero) group:
+    """Ping-pong between rank 0 and the last rank (different chips) over the world group:
     the one-way seconds per size (median of `reps`). Other ranks wait."""
     import torch
     import torch.distributed as dist
@@ -291,7 +295,7 @@ def main(argv=None) -> int:
                 sizes = [4096, 65536, 1048576, 8388608]
                 secs = pool.run(w_probe, sizes, 9, timeout=180)[0]
                 link = fit_link(sizes, secs)
-                print(f"link probe (send/recv ping-pong over `hetero`, rank 0 <-> {world - 1}): "
+                print(f"link probe (send/recv ping-pong over the world group, rank 0 <-> {world - 1}): "
                       + ", ".join(f"{s // 1024} KiB {t * 1e6:.0f} us" for s, t in zip(sizes, secs))
                       + f" -> latency {link[0] * 1e6:.0f} us, bandwidth {link[1] / 1e9:.2f} GB/s")
             for name, pj in items:

@@ -201,14 +201,17 @@ def with_rails(facts: list[ChipFacts], topo) -> list[ChipFacts]:
                                 sources={**f.sources, "rail_bw": src}) for f in facts]
 
 
-def emulated_chip_facts(topo, scale: float, link_bw: float, link_latency: float, dtype: str = "float32",
-                        link_source: str = "measured on this host") -> list[ChipFacts]:
+def emulated_chip_facts(topo, scale: float, link_bw: float, link_latency: float, dtype: str = "bfloat16",
+                        link_source: str = "measured on this host", matrices: Optional[dict] = None) -> list[ChipFacts]:
     """Figures of timed-emulated chips (`HAL_EMULATE_TIMED=1`, hal.timed): compute and memory speed
     are what the virtual clock charges (`hal.timed.chip_speeds(chip, dtype, scale)`), not the real
     chip's; every link is the host's CPU fabric (the real one, not emulated), given as `link_bw`
     bytes/s and `link_latency` s per message, measured by the caller (e.g. a send/recv probe:
     benchmarks/planner_prediction.py). The bridge's host staging is a copy on the host: priced on
-    the same link figures. Memory capacity is the catalog's (nothing here is short of memory)."""
+    the same link figures. Memory capacity is the catalog's (nothing here is short of memory).
+    `dtype`: the dtype the clock charges FLOPs at (HAL_EMULATE_TIMED_DTYPE, default bfloat16);
+    `matrices` (`load_matrices`): measured efficiency matrices, as HAL_EMULATE_TIMED_MATRIX gives the
+    clock, so both sides use the same figures."""
     from hal import timed
     if scale <= 0:
         raise ValueError(f"emulated_chip_facts: scale = {scale}; must be > 0")
@@ -217,7 +220,8 @@ def emulated_chip_facts(topo, scale: float, link_bw: float, link_latency: float,
                          f"{link_latency} >= 0")
     out = []
     for sc in topo.sub_clusters:
-        flops, bps, why = timed.chip_speeds(sc.chip, dtype, scale)
+        mx = (matrices or {}).get(str(sc.model)) or (matrices or {}).get(sc.chip) or (None, "")
+        flops, bps, why = timed.chip_speeds(sc.chip, dtype, scale, model=sc.model, matrix=mx[0])
         prof = _catalog_profile(sc.chip, sc.model)
         mem = prof.memory_bytes.value if prof is not None and prof.memory_bytes.value else DEFAULT_MEMORY[0]
         link = f"{link_source}: CPU fabric (timed emulation does not emulate links)"
