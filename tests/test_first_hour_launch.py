@@ -102,6 +102,7 @@ TRAIN_CASES = [
     (["--plan", "/nonexistent/plan.toml"], {}, {}, ["plan.file", "/nonexistent/plan.toml"]),
     (["--run-dir", "/etc/hostname"], {}, {}, ["--run-dir /etc/hostname", "is a file"]),
     (["--max-restarts", "-1"], {}, {}, ["--max-restarts -1"]),
+    (["--max-restarts", "-1", "--measure-parts"], {}, {}, ["--max-restarts -1"]),
     ([], {}, {"HAL_CPU_CCL": "bogus"}, ["HAL_CPU_CCL='bogus'"]),
 ]
 
@@ -132,12 +133,13 @@ def test_train_bad_cluster_spec_names_the_config_field(tmp_path, launches, capsy
 def test_train_world_size_comes_from_the_cluster_spec(tmp_path, launches, monkeypatch, capsys):
     # cluster.spec gives the ranks; a stray HAL_EMULATE in the shell does not override the config
     monkeypatch.setenv("HAL_EMULATE", "kunlun:3")
+    monkeypatch.setenv("HAL_CHIP", "cuda")  # would bind cuda on every rank
     run_dir = tmp_path / "new" / "run"
     assert main(["train", "--config", _config(tmp_path, cluster=f'spec = "{LAPTOP}"'),
                  "--run-dir", str(run_dir)]) == 0
     (cmd, env), = launches
     assert cmd[cmd.index("--nproc-per-node") + 1] == "4"
-    assert env["HAL_CLUSTER"] == LAPTOP and "HAL_EMULATE" not in env
+    assert env["HAL_CLUSTER"] == LAPTOP and "HAL_EMULATE" not in env and "HAL_CHIP" not in env
     # the ranks start through hal.rank_entry, which reports an uncaught error as one line
     i = cmd.index("hal.rank_entry")
     assert cmd[i - 1] == "-m" and cmd[i + 1:i + 3] == ["-m", "trainer.loop"]

@@ -67,13 +67,16 @@ def plan(cfg, args: argparse.Namespace, environ: dict) -> tuple:
     the config's chips, the chip environment, its files, its Plan and the run's folders checked
     before torchrun starts (hal.launch_check: the launching commands' one validation pass). A
     problem is a LaunchError / TrainConfigError naming the config field, flag or variable and value."""
-    from hal.launch_check import LaunchError, check_output_dir, plan_ranks
+    from hal.launch_check import LaunchError, check_int, check_output_dir, plan_ranks
     from hal.topology import Topology
 
     from .config import TrainConfigError
+    check_int("--max-restarts", getattr(args, "max_restarts", 0), 0, 100)
     env = dict(environ)
     emulate = emulate_label = cluster_label = None
-    if cfg.cluster.emulate:  # the config names the chips: it wins over HAL_EMULATE / HAL_CLUSTER
+    if cfg.cluster.emulate or cfg.cluster.spec:  # the config names the chips: it wins over HAL_* (a
+        env.pop("HAL_CHIP", None)                 # HAL_CHIP would bind that one chip on every rank)
+    if cfg.cluster.emulate:
         emulate, emulate_label = cfg.cluster.emulate, f"cluster.emulate = {cfg.cluster.emulate!r} ({args.config})"
     elif cfg.cluster.spec:
         env.pop("HAL_EMULATE", None)
@@ -133,9 +136,6 @@ def run(args: argparse.Namespace) -> int:
         if code != 0:
             return code
     from hal.testing import free_port  # the one free-port helper (hal.testing exports it)
-    if getattr(args, "max_restarts", 0) < 0:
-        print(f"hal train: error: --max-restarts {args.max_restarts}: must be >= 0", file=sys.stderr)
-        return 2
     # hal.rank_entry runs trainer.loop and reports an uncaught error as one line for run_ranks
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
            "--max-restarts", str(getattr(args, "max_restarts", 0)),
