@@ -1,5 +1,8 @@
 """Timed emulation: an emulated chip's compute takes the wall time its figures say, whatever the host's load.
 
+(The cost side, the one definition a planner uses too, is hal.timed_cost; its names are re-exported
+here: `hal.timed.chip_speeds`, `op_cost`, `trace_cost`, DEFAULT_EFFICIENCY, ...)
+
 Every aten op a process runs on its (emulated) chip is charged to a per-process `VirtualClock`:
 
     cost(op) = max(flops(op) / F, bytes(op) / B)        F, B = chip_speeds(chip, dtype, scale)
@@ -55,135 +58,32 @@ import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple, Optional, Union
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .chips import DTYPE_KEYS, ChipProfile
-from .errors import HalError
+from .timed_cost import (ASSUMED, DEFAULT_DTYPE, DEFAULT_EFFICIENCY, DEFAULT_MEMORY_BW,  # noqa: F401 - API
+                         Speeds, TimedEmulationError, chip_speeds, op_bytes, op_cost, op_flops, trace_cost)
+from .timed_cost import _FREE, aten
 
 _log = logging.getLogger(__name__)
 
-# Achieved fraction of the catalog peak FLOP/s when no efficiency matrix is given: large dense
-# transformer runs report 0.4-0.55 model FLOPs utilisation on H100/A100 (Megatron-LM, torchtitan);
-# the planner's DEFAULT_MFU is this same figure (strategies/planner/facts.py should import it).
-DEFAULT_EFFICIENCY = 0.45
-# Memory bandwidth is charged at the catalog's figure (no efficiency factor, as the planner does).
-# Figures the catalog lists as unknown: chip model -> figure -> (value, why). The one definition
-# (the planner's facts.ASSUMED had these; it should import them from here).
-ASSUMED: dict[str, dict[str, tuple[float, str]]] = {
-    "P800": {
-        "peak_bf16": (345e12, "assumed: the '345 TFLOPS FP16' figure of industry analyses "
-                              "(the catalog notes it has no vendor datasheet)"),
-        "memory_bw": (2.0e12, "assumed: HBM-class module, about 910B2's"),
-    },
-    "910B2": {
-        "memory_bw": (1.6e12, "assumed: HBM2e, 1.6 TB/s class (no figure in the catalog)"),
-    },
-}
-DEFAULT_MEMORY_BW = (1.5e12, "default: 1.5 TB/s")
 # Default time scale: the emulated chip runs this many times slower than the real one. Chosen so
 # that 8 ranks of the trainer's tiny model (examples/train/tiny.toml) on this 2-core host, with the
 # dispatch mode's own per-op cost, stay ahead of the fastest catalogued chip (H100) with a margin:
 # docs/performance.md, "Timed emulation", has the measurement.
 DEFAULT_TIME_SCALE = 2.0e5
-DEFAULT_DTYPE = "bfloat16"
 # An arrival later than device_t by less than this is sleep/wake-up jitter, not an overrun.
 OVERRUN_TOLERANCE_S = 2e-4
-# stats()["max_host_fraction"] looks at intervals with at least this much device time (shorter ones
-# are a handful of ops, where the host's per-op overhead, not the scale, decides)
+# stats()["max_host_fraction"] looks at spans between hard synchronisations with at least this much
+# device time (shorter ones are a handful of ops, where the host's per-op overhead decides)
 MIN_FRACTION_INTERVAL_S = 1e-3
-
-
-class TimedEmulationError(HalError, ValueError):
-    """Timed emulation was asked for in a way it cannot run: names the variable/argument and value."""
 
 
 class TimedEmulationOverrunWarning(RuntimeWarning):
     """The host reached a synchronisation point after the emulated chip would have: time is the host's."""
-
-
-class Speeds(NamedTuple):
-    """What the virtual clock charges at: FLOP/s and bytes/s (already divided by the scale)."""
-
-    flops_per_s: float
-    bytes_per_s: float
-    source: str
-
-
-# ---- the one formula for an emulated chip's speeds -------------------------------------------------
-def _profile_of(chip: Union[str, ChipProfile], model: Optional[str]) -> Optional[ChipProfile]:
-    if isinstance(chip, ChipProfile):
-        return chip
-    from . import catalog
-    try:
-        return catalog.get(chip, model) if model else catalog.default(chip)
-    except HalError:  # a chip the catalog lacks (cpu, a vendor's own): no profile
-        return None
-
-
-def _assumed(prof: Optional[ChipProfile], model: Optional[str]) -> dict[str, tuple[float, str]]:
-    for key, table in ASSUMED.items():
-        if (model and key.lower() == str(model).lower()) or (prof is not None and key in prof.model):
-            return table
-    return {}
-
-
-def chip_speeds(chip: Union[str, ChipProfile], dtype: str = DEFAULT_DTYPE, scale: float = 1.0, *,
-                model: Optional[str] = None, matrix: Any = None) -> Speeds:
-    """(flops_per_s, bytes_per_s, source) that timed emulation charges `chip` at: the one definition
-    a planner predicting an emulated run must use. `chip`: a chip name (its catalog default model,
-    or `model`) or a ChipProfile; `matrix`: an `hal.efficiency.EfficiencyMatrix` whose measured
-    figures replace the catalog's; `scale`: the time scale (1 = the real chip's speed)."""
-    if dtype not in DTYPE_KEYS:
-        raise TimedEmulationError(f"timed emulation dtype {dtype!r} is not one of {DTYPE_KEYS}")
-    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise TimedEmulationError(f"timed emulation scale {scale!r} must be a finite number > 0")
-    prof = _profile_of(chip, model)
-    name = prof.model if prof is not None else str(model or chip)
-    assumed = _assumed(prof, model)
-    flops = nbytes = None
-    fsrc = bsrc = ""
-    if matrix is not None and matrix.best_matmul_flops(dtype):
-        flops = matrix.best_matmul_flops(dtype)
-        fsrc = f"measured {dtype} matmul ({matrix.chip} {matrix.profile_model}" + \
-               (", EMULATED host" if matrix.emulated else "") + ")"
-    if flops is None:
-        peak = prof.peak(dtype) if prof is not None else None
-        if peak:
-            fsrc = f"{DEFAULT_EFFICIENCY} x catalog {name} {dtype} peak {peak / 1e12:.4g} TFLOP/s"
-        elif dtype == "bfloat16" and "peak_bf16" in assumed:
-            peak, why = assumed["peak_bf16"]
-            fsrc = f"{DEFAULT_EFFICIENCY} x {peak / 1e12:.4g} TFLOP/s ({why})"
-        else:
-            known = sorted(k for k, f in (prof.peak_flops.items() if prof else []) if f.value)
-            raise TimedEmulationError(
-                f"timed emulation of chip {name!r}: no {dtype} peak FLOP/s (catalog: unknown) and no measured "
-                f"efficiency matrix; charge another dtype (HAL_EMULATE_TIMED_DTYPE, known: {known}) or give "
-                f"HAL_EMULATE_TIMED_MATRIX")
-        flops = DEFAULT_EFFICIENCY * peak
-    if matrix is not None and matrix.memory_bytes_per_s():
-        nbytes, bsrc = matrix.memory_bytes_per_s(), f"measured device copy ({matrix.chip} {matrix.profile_model})"
-    elif prof is not None and prof.memory_bandwidth.value:
-        nbytes, bsrc = prof.memory_bandwidth.value, f"catalog {name} memory bandwidth"
-    elif "memory_bw" in assumed:
-        nbytes, bsrc = assumed["memory_bw"]
-    else:
-        nbytes, bsrc = DEFAULT_MEMORY_BW
-    source = f"{fsrc}; {bsrc} {nbytes / 1e12:.4g} TB/s; / time scale {scale:g}"
-    return Speeds(flops / scale, nbytes / scale, source)
-
-
-def op_cost(flops: float, nbytes: float, speeds: Speeds) -> float:
-    """Seconds one op takes on the emulated chip: the slower of its compute and its memory traffic."""
-    return max(flops / speeds.flops_per_s, nbytes / speeds.bytes_per_s)
-
-
-def trace_cost(trace: list, speeds: Speeds) -> float:
-    """Seconds the ops of a recorded trace (`VirtualClock(record=True).trace`) take at `speeds`: what
-    the clock would charge a chip with those speeds for the same ops (a planner's per-layer figure)."""
-    return sum(op_cost(f, b, speeds) for _, f, b in trace)
 
 
 def record_ops(fn: Callable[[], Any]) -> list[tuple[str, int, int]]:
@@ -195,61 +95,9 @@ def record_ops(fn: Callable[[], Any]) -> list[tuple[str, int, int]]:
     return clock.trace or []
 
 
-# ---- what an op costs ---------------------------------------------------------------------------
-aten = torch.ops.aten
-# Ops that launch no kernel on a device (views are excluded by `is_view`).
-_FREE = {aten.detach.default, aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
-         aten.new_empty_strided.default, aten.empty_like.default, aten.lift_fresh.default,
-         aten.is_same_size.default, aten.size.default, aten.sym_size.int, aten.stride.default,
-         aten.sym_stride.int, aten.storage_offset.default, aten.sym_storage_offset.default,
-         aten.numel.default, aten.sym_numel.default, aten.dim.default, aten.is_contiguous.default,
-         aten.is_contiguous.memory_format, aten.is_strides_like_format.default,
-         aten.is_non_overlapping_and_dense.default}
 _SYNC = {aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default}
 _COMM_NAMESPACES = {"c10d", "_c10d_functional", "c10d_functional"}
 _WAITS = {"wait_tensor"}  # functional collectives' completion: real, not charged
-
-
-def _flop_table() -> dict:
-    from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
-    table = dict(flop_registry)
-    # torch's CPU kernels for scaled_dot_product_attention, absent from flop_registry (torch 2.13
-    # torch/utils/flop_counter.py lists only the CUDA/cuDNN/efficient variants). Same shapes
-    # (batch, heads, seq, head_dim) as the variants it lists.
-    sig = lambda t: t.shape  # noqa: E731
-
-    def fwd(q, k, v, *a, out_val=None, **kw):
-        return sdpa_flop_count(sig(q), sig(k), sig(v))
-
-    def bwd(g, q, k, v, *a, out_val=None, **kw):
-        return sdpa_backward_flop_count(sig(g), sig(q), sig(k), sig(v))
-    table[aten._scaled_dot_product_flash_attention_for_cpu] = fwd
-    table[aten._scaled_dot_product_flash_attention_for_cpu_backward] = bwd
-    return table
-
-
-_FLOPS: dict = {}
-
-
-def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
-    """FLOPs of one aten op by torch.utils.flop_counter's formulas (0 for ops it has none for)."""
-    if not _FLOPS:
-        _FLOPS.update(_flop_table())
-    formula = _FLOPS.get(func.overloadpacket)
-    return int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
-
-
-def _nbytes(x: Any) -> int:
-    if isinstance(x, torch.Tensor):
-        return x.numel() * x.element_size()
-    if isinstance(x, (list, tuple)):
-        return sum(_nbytes(y) for y in x)
-    return 0
-
-
-def op_bytes(args: tuple, kwargs: dict, out: Any) -> int:
-    """Bytes an op moves: its tensor inputs' and outputs' nbytes (the approximation in the docstring)."""
-    return _nbytes(args) + _nbytes(tuple(kwargs.values())) + _nbytes(out)
 
 
 # ---- the clock --------------------------------------------------------------------------------------
@@ -272,6 +120,7 @@ class VirtualClock:
         self.device_t: Optional[float] = None
         self._interval_start, self._interval_busy = 0.0, 0.0
         self._behind = 0.0  # how far the host fell behind the device while issuing this interval's ops
+        self._hard_start = now()  # the last hard synchronisation (max_host_fraction's span starts here)
         self.reset_stats()
 
     # -- charging ---------------------------------------------------------------------------------
@@ -338,13 +187,17 @@ class VirtualClock:
         if soft and now >= target:
             self._soft_late_s += now - target
             return
-        if self._interval_busy >= MIN_FRACTION_INTERVAL_S:
-            self._host_fraction = max(self._host_fraction, (now - self._interval_start) / self._interval_busy)
+        if not soft:
+            span = target - self._hard_start
+            if span >= MIN_FRACTION_INTERVAL_S:
+                self._host_fraction = max(self._host_fraction, (now - self._hard_start) / span)
         self._syncs += 1
         if now < target:
             self._sleep(target - now)
             self._slept += target - now
             self._mark(target)  # the wake-up's own lateness is not carried into the timeline
+            if not soft:
+                self._hard_start = target
             return
         late = now - target
         if late > OVERRUN_TOLERANCE_S:
@@ -353,6 +206,8 @@ class VirtualClock:
             else:  # the host kept ahead while it issued work, then did host-only work
                 self._host_gap_s += late
         self._mark(now)
+        if not soft:
+            self._hard_start = now
 
     def completed(self) -> None:
         """A real event the host waited for (a functional collective's `wait_tensor`) just finished:
@@ -410,8 +265,10 @@ class VirtualClock:
         """busy_s (virtual seconds charged), overrun_count/overrun_s, ops, flops, bytes, slept_s, syncs,
         host_gap_s (host time between collectives with no device work in between: real, not an
         overrun), soft_late_s (how late the host was at `.item()` and collective issues, which the
-        timeline did not take: see `sync(soft=True)`), max_host_fraction (over synchronisation intervals with device work: the host's time
-        / the device's; below 1 means the host stayed ahead: the scale could shrink by that factor),
+        timeline did not take: see `sync(soft=True)`), max_host_fraction (between two hard synchronisations
+        at least MIN_FRACTION_INTERVAL_S apart on the device, e.g. the steps of a loop that calls
+        synchronize() per step: when the host got there / when the device did, both from the first;
+        below 1: the host stayed ahead, by that factor),
         and what the clock charges at (chip, dtype, scale, speeds and their source)."""
         return {"busy_s": self._busy, "overrun_count": self._overruns, "overrun_s": self._overrun_s,
                 "ops": self._ops, "flops": self._flops, "bytes": self._bytes, "slept_s": self._slept,

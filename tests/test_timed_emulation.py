@@ -367,3 +367,53 @@ def test_a_late_item_leaves_the_timeline_to_the_next_hard_sync():
     clock.charge(2e9, 0)      # the device timeline goes on from 101: the host catches up
     clock.sync()
     assert clock.stats()["overrun_count"] == 0 and ft.t == pytest.approx(103.0)
+
+
+class _Future:
+    def __init__(self):
+        self.callbacks = []
+
+    def add_done_callback(self, cb):
+        self.callbacks.append(cb)
+
+
+class _Work:
+    def __init__(self):
+        self.fut = _Future()
+
+    def get_future(self):
+        return self.fut
+
+    def is_completed(self):
+        return False
+
+
+class _PythonGroup:
+    """Stands in for a Python ProcessGroup subclass (ccl_bridge's): torch calls its methods directly."""
+
+    def __init__(self):
+        self.calls = []
+
+    def allreduce(self, tensors, opts=None):
+        self.calls.append("allreduce")
+        self.work = _Work()
+        return self.work
+
+
+def test_a_python_process_group_is_a_synchronisation_point_and_its_completion_counts():
+    timed.watch_process_group_class(_PythonGroup)
+    timed.watch_process_group_class(_PythonGroup)  # idempotent
+    pg = _PythonGroup()
+    clock, ft = _clock()
+    pg.allreduce([torch.ones(1)])  # outside a timed thread: only calls through
+    with timed.timed(clock):
+        clock.charge(2e9, 0)  # 2 s of device work before the collective
+        pg.allreduce([torch.ones(1)])
+        assert ft.slept == [pytest.approx(2.0)]  # the data is sent when the device has made it
+        clock.charge(1e9, 0)  # overlapping work: the device is at 103
+        ft.t += 5.0  # the collective completes at 107 (the host waited in Work.wait())
+        for cb in pg.work.fut.callbacks:
+            cb(pg.work.fut)
+        clock.sync()
+    assert pg.calls == ["allreduce"] * 2
+    assert clock.device_t == pytest.approx(107.0) and clock.stats()["overrun_count"] == 0
