@@ -221,15 +221,25 @@ def _check_each_rank(pm, env: dict, world: int) -> list[tuple[str, bool]]:
 
 # ---- run time: the first failing rank's own error, once -------------------------------------------
 def report_rank_failure(exc: BaseException) -> None:
-    """Called by a rank's entry point on an uncaught exception: one marked line on stderr."""
+    """Called by a rank's entry point on an uncaught exception: one marked line on stderr (once per
+    exception, however many wrappers report it)."""
+    if getattr(exc, "_hal_rank_reported", False):
+        return
+    try:
+        exc._hal_rank_reported = True  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type with __slots__: report it, at worst twice
+        pass
     rank = os.environ.get("RANK", "?")
     chip = "?"
-    try:
-        if os.environ.get("HAL_EMULATE"):
+    try:  # the chip this rank was given, by hal.selection's order (HAL_CHIP, HAL_EMULATE, HAL_CLUSTER)
+        if os.environ.get("HAL_CHIP"):
+            chip = os.environ["HAL_CHIP"]
+        elif os.environ.get("HAL_EMULATE"):
             from .emulation import emulated_chip_for_rank
             chip = emulated_chip_for_rank(os.environ["HAL_EMULATE"], int(rank))
-        else:
-            chip = os.environ.get("HAL_CHIP") or ("per HAL_CLUSTER" if os.environ.get("HAL_CLUSTER") else "?")
+        elif os.environ.get("HAL_CLUSTER"):
+            from .cluster import load_cluster_spec
+            chip = load_cluster_spec(os.environ["HAL_CLUSTER"]).assignment(int(rank)).chip
     except Exception:  # noqa: BLE001 - the report must not hide the real error
         pass
     msg = " ".join(str(exc).split())[:500]

@@ -173,6 +173,20 @@ def test_train_rank_failure_at_run_time_prints_the_first_failing_rank_once(tmp_p
     assert log == tmp_path / "run" / "ranks.log" and "Traceback" in log.read_text()
 
 
+def test_a_rank_reports_once_with_its_chip_from_the_cluster_spec(monkeypatch, capsys):
+    # a job's own wrapper (commands.demo_job.entry) and hal.rank_entry around it: one line, not two
+    from hal.launch_check import report_rank_failure
+    for k in CLEAN:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("HAL_CLUSTER", LAPTOP)
+    exc = RuntimeError("boom")
+    report_rank_failure(exc)
+    report_rank_failure(exc)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].endswith("rank=3 chip=ascend RuntimeError: boom"), lines
+
+
 def test_a_rank_killed_by_a_signal_is_named_from_torchruns_root_cause(tmp_path, capsys):
     """No Python exception to report (SIGKILL, as the OOM killer sends): the launcher reads torchrun's
     own "Root Cause" block and prints that rank and signal once."""
