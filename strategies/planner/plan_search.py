@@ -583,8 +583,9 @@ def search(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, node_of=No
             if fin and share % 64 == 0:
                 break
         if not fin:
+            tried = sorted({shares[i] for shares in share_sets})
             raise PlanSearchError(f"no layout of {model.name} fits sub-cluster {f.name} ({f.size} x {f.model}, "
-                                  f"{f.memory / 1e9:.0f} GB each) with its batch share {share} of {batch}")
+                                  f"{f.memory / 1e9:.0f} GB each) with its batch share of {batch} (tried {tried})")
         parts[f.name] = fin[0]
     say("searching mixed-stage layouts")
     mixed = mixed_candidates(facts, model, batch, max_pp=max_pp)
