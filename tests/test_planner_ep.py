@@ -147,3 +147,18 @@ def test_leader_only_bridge_carries_the_whole_buffer():
     leader = dp_reduce_time(nbytes, [(h, 17, h.nic_bw), (a, 16, a.nic_bw)])
     # the leader rail carries the whole buffer (2(k-1)/k = 1 of it for k = 2), the rails 1/16 each
     assert leader - rails > (1 - 1 / 16) * nbytes / h.rail_bw
+
+
+def test_plan_even_builds_ep_groups_and_rejects_bad_degrees():
+    from strategies.plan import Plan, PlanError
+    topo = Topology.from_chips(["cuda"] * 4 + ["kunlun"] * 4)
+    cfg = ModelConfig(name="tiny-moe", layers=2, hidden=32, heads=4, ffn=32, vocab=64, seq=16, experts=4, top_k=2)
+    plan = Plan.even(topo, cfg, 8, ep=True, ep_degree=2)
+    st = plan.stages[0]
+    assert st.ep == 2 and st.experts == [[0, 1], [2, 3]] * 4
+    assert plan.ep_ranks(0, 0, 5) == [4, 5] and plan.expert_dp_ranks(0, 0, 1) == [1, 3, 5, 7]
+    assert Plan.from_toml(plan.to_toml()) == plan
+    with pytest.raises(PlanError, match=r"EP degree 3 does not divide stage 0's 8 replicas \(8 % 3 = 2\)"):
+        Plan.even(topo, cfg, 8, ep=True, ep_degree=3)
+    with pytest.raises(PlanError, match=r"4 experts do not split evenly over 8 replicas"):
+        Plan.even(topo, cfg, 8, ep=True)
