@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from typing import Callable, Optional
 
@@ -109,6 +110,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     except HalError as exc:
         print(f"hal {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # `hal ... | head`: the reader left. Point stdout at /dev/null so the interpreter's final flush
+        # does not raise again (the recipe of Python's signal docs), and exit as a SIGPIPE'd tool does.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 def print_json(obj) -> None:

@@ -280,6 +280,14 @@ def test_conformance_list_into_a_closed_pipe_is_quiet():
     assert proc.stdout.startswith("contract.") and "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_any_command_into_a_closed_pipe_is_quiet():
+    # `hal cluster show BIG.toml | head -1`: hal.cli.main turns the reader leaving into exit 141, no traceback
+    proc = subprocess.run(f"{sys.executable} -m hal.cli cluster show examples/clusters/three-vendor-1024.toml "
+                          f"| head -1", shell=True, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.stdout.startswith("cluster three-vendor-1024") and "Traceback" not in proc.stderr, proc.stderr
+    assert "BrokenPipeError" not in proc.stderr, proc.stderr
+
+
 def test_bench_native_without_a_map_defaults_to_4_ranks(launches, capsys):
     assert main(["bench", "comm", "--emulate", "none"]) == 0
     (cmd, env), = launches
