@@ -174,6 +174,7 @@ def layouts(speeds: dict) -> list[tuple[str, str, str]]:
     add("2+2 DP4 rows by speed m2", e, Plan.weighted(t, cfg, G, speeds, num_microbatches=2))
     add("2+2 PP2xDP2 even m4", e, Plan.even(t, cfg, G, 4, pp=2))
     add("2+2 PP2xDP2 layers by speed m4", e, Plan.weighted(t, cfg, G, speeds, num_microbatches=4, pp=2))
+    add("2+2 PP2xDP2 even ZeRO-2 m4", e, Plan.even(t, cfg, G, 4, pp=2, zero=2))
     add("2+2 TP2 cuda | DP2 ascend m4", e, _manual([((0, 2), [((0, 1), 4)]), ((2, 4), [((2,), 2), ((3,), 2)])], 4))
     t = topo(e := "cuda:3,ascend:1")
     add("3+1 DP4 rows by speed m2", e, Plan.weighted(t, cfg, G, speeds, num_microbatches=2))

@@ -62,6 +62,11 @@ class Layout:
     zero: int = 0
     schedule: str = "1F1B"
     node_of: Optional[dict[int, int]] = None   # rank -> node (None: every TP group on one node)
+    # apply_plan's pipeline (strategies/pipeline_parallel.py) sends a stage's input gradients of the
+    # last micro-batch when backward() returns, i.e. after the DDP / FSDP2 gradient reduction that
+    # runs inside that backward (measured on timed-emulated runs: benchmarks/planner_prediction.py).
+    # False: a runtime that sends them first and reduces after (as Megatron-LM does)
+    send_after_reduction: bool = True
 
     @property
     def global_batch(self) -> int:
@@ -185,6 +190,56 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
             sends_fwd[s][i].append((k, rows))
             sends_bwd[s + 1][k].append((i, rows))
 
+    # ---- DP gradient reduction of stage s, given its replicas' last backward (latest start, end):
+    # (when it ends, whether it runs inside that backward: DDP's and FSDP2's reductions run in
+    # autograd's hooks and final callback, so the input gradients the stage sends upstream leave
+    # only when backward() returns, after the reduction; apply_plan's TP stages reduce after the
+    # pipeline instead)
+    def reduction(s: int, last_b_start: float, last_b_end: float) -> tuple[float, bool]:
+        st = stages[s]
+        dp = len(st.reps)
+        params = 0.0
+        t_red = 0.0
+        if dp > 1:
+            params = costs[s][0].params_local
+            eparams = 0.0
+            if model.experts:   # expert weights live once in the EP group: not DP-reduced
+                eparams = st.n_layers * model.expert_params * (st.reps[0].experts or 0) / len(st.reps[0].ranks)
+                params -= eparams
+            parts: dict[str, list] = {}
+            for r in st.reps:
+                parts.setdefault(r.facts.name, [r.facts, 0, None])[1] += 1
+            plist = []
+            for f, n, _ in parts.values():
+                members = [x.ranks[0] for x in st.reps if x.facts.name == f.name]
+                one_node = bool(node_of) and len({node_of.get(x) for x in members}) == 1
+                plist.append((f, n, f.intra_bw if one_node else f.nic_bw))
+            t_red = dp_reduce_time(max(params, 0) * GRAD_BYTES, plist)
+            if st.ep is not None and dp // st.ep > 1 and eparams:
+                # expert data parallel: the dp / ep copies of each expert (one per EP group, on other
+                # nodes) SUM-reduce their gradients after the dense ones, on the NIC / the bridge
+                eparts: dict[str, list] = {}
+                for r in st.reps[::st.ep]:
+                    eparts.setdefault(r.facts.name, [r.facts, 0, r.facts.nic_bw])[1] += 1
+                t_red += dp_reduce_time(eparams * GRAD_BYTES, [tuple(v) for v in eparts.values()])
+        if dp > 1 and layout.zero == 0 and len(st.reps[0].ranks) == 1:
+            # apply_plan's DDP: the reduction starts bucket by bucket during the last backward, so
+            # the last bucket (1 / buckets of it, at most 1 / layers) is exposed; the reducer copies
+            # each gradient into its bucket and back (2 copy_ ops: dst + src read, dst written)
+            nb = max(1, min(st.n_layers, math.ceil(max(params, 0) * GRAD_BYTES / DDP_BUCKET_BYTES)))
+            copies = max(params, 0) * GRAD_BYTES * 6 / min(x.facts.memory_bw for x in st.reps)
+            red_end = max(last_b_start + t_red, last_b_end + t_red / nb) + copies
+        elif dp > 1 and layout.zero == 0:
+            # TP stages: one flat all_reduce after the pipeline (apply_plan's _sum_grads: cat, reduce,
+            # copy back), not overlapped
+            copies = max(params, 0) * GRAD_BYTES * 5 / min(x.facts.memory_bw for x in st.reps)
+            red_end = last_b_end + t_red + copies
+        elif dp > 1:   # FSDP2: reduce-scatter per layer during backward, the last layer's exposed
+            red_end = max(last_b_start + t_red, last_b_end + t_red / max(st.n_layers, 1))
+        else:
+            red_end = last_b_end
+        return red_end, dp > 1 and not (layout.zero == 0 and len(st.reps[0].ranks) > 1)
+
     # ---- longest path through (replica order + data dependencies)
     ready = {}   # (kind, s, r, j) -> arrival time at the consumer, keyed by consumer op
     done = {}    # (kind, s, r, j) -> end time
@@ -200,6 +255,8 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
     pos = [[0] * len(st.reps) for st in stages]
     free = [[0.0] * len(st.reps) for st in stages]
     got: dict[tuple, int] = defaultdict(int)
+    last_b: dict[int, list] = defaultdict(list)   # stage -> (replica, start, end) of its last backward
+    red_at: dict[int, float] = {}                 # stage -> end of its DP reduction, once known
     events = []
     total_ops = sum(len(q) for row in queues for q in row)
     finished = 0
@@ -240,13 +297,26 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
                         got[dkey] += 1
                         nxt.append((s + 1, k))
                 if kind == "B" and s > 0:
-                    for i, rows in sends_bwd[s][r]:
-                        dst = stages[s - 1].reps[i]
-                        t_send += p2p_time(rows * model.boundary_bytes() / tp, rep.facts, dst.facts, same_node(rep, dst))
-                        dkey = ("B", s - 1, i, j)
-                        arrivals[dkey] = max(arrivals[dkey], t_send)
-                        got[dkey] += 1
-                        nxt.append((s - 1, i))
+                    if j == m - 1 and len(stages[s].reps) > 1 and layout.send_after_reduction:
+                        # the last backward returns after the stage's DP reduction when that runs
+                        # inside backward: every replica's input gradients wait for it
+                        last_b[s].append((r, t0, t1))
+                        if len(last_b[s]) < len(stages[s].reps):
+                            continue
+                        red_at[s], inside = reduction(s, max(x[1] for x in last_b[s]), max(x[2] for x in last_b[s]))
+                        leave = [(rr, red_at[s] if inside else t_end) for rr, _, t_end in last_b[s]]
+                    else:
+                        leave = [(r, t1)]
+                    for rr, t_send in leave:
+                        src = stages[s].reps[rr]
+                        for i, rows in sends_bwd[s][rr]:
+                            dst = stages[s - 1].reps[i]
+                            t_send += p2p_time(rows * model.boundary_bytes() / len(src.ranks), src.facts, dst.facts,
+                                               same_node(src, dst))
+                            dkey = ("B", s - 1, i, j)
+                            arrivals[dkey] = max(arrivals[dkey], t_send)
+                            got[dkey] += 1
+                            nxt.append((s - 1, i))
         work = list(dict.fromkeys(nxt))
         if not progressed and finished < total_ops and not work:
             break
@@ -261,48 +331,9 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
     red_ends: list[float] = []
     for s, st in enumerate(stages):
         dp = len(st.reps)
-        params = 0.0
         last_b_start = max(start_of[("B", s, r, m - 1)] for r in range(dp))
         last_b_end = max(done[("B", s, r, m - 1)] for r in range(dp))
-        t_red = 0.0
-        if dp > 1:
-            params = costs[s][0].params_local
-            eparams = 0.0
-            if model.experts:   # expert weights live once in the EP group: not DP-reduced
-                eparams = st.n_layers * model.expert_params * (st.reps[0].experts or 0) / len(st.reps[0].ranks)
-                params -= eparams
-            parts: dict[str, list] = {}
-            for r in st.reps:
-                parts.setdefault(r.facts.name, [r.facts, 0, None])[1] += 1
-            plist = []
-            for f, n, _ in parts.values():
-                members = [x.ranks[0] for x in st.reps if x.facts.name == f.name]
-                one_node = bool(node_of) and len({node_of.get(x) for x in members}) == 1
-                plist.append((f, n, f.intra_bw if one_node else f.nic_bw))
-            t_red = dp_reduce_time(max(params, 0) * GRAD_BYTES, plist)
-            if st.ep is not None and dp // st.ep > 1 and eparams:
-                # expert data parallel: the dp / ep copies of each expert (one per EP group, on other
-                # nodes) SUM-reduce their gradients after the dense ones, on the NIC / the bridge
-                eparts: dict[str, list] = {}
-                for r in st.reps[::st.ep]:
-                    eparts.setdefault(r.facts.name, [r.facts, 0, r.facts.nic_bw])[1] += 1
-                t_red += dp_reduce_time(eparams * GRAD_BYTES, [tuple(v) for v in eparts.values()])
-        if dp > 1 and layout.zero == 0 and len(st.reps[0].ranks) == 1:
-            # apply_plan's DDP: the reduction starts bucket by bucket during the last backward, so
-            # the last bucket (1 / buckets of it, at most 1 / layers) is exposed; the reducer copies
-            # each gradient into its bucket and back (2 copy_ ops: dst + src read, dst written)
-            nb = max(1, min(st.n_layers, math.ceil(max(params, 0) * GRAD_BYTES / DDP_BUCKET_BYTES)))
-            copies = max(params, 0) * GRAD_BYTES * 6 / min(x.facts.memory_bw for x in st.reps)
-            red_end = max(last_b_start + t_red, last_b_end + t_red / nb) + copies
-        elif dp > 1 and layout.zero == 0:
-            # TP stages: one flat all_reduce after the pipeline (apply_plan's _sum_grads: cat, reduce,
-            # copy back), not overlapped
-            copies = max(params, 0) * GRAD_BYTES * 5 / min(x.facts.memory_bw for x in st.reps)
-            red_end = last_b_end + t_red + copies
-        elif dp > 1:   # FSDP2: reduce-scatter per layer during backward, the last layer's exposed
-            red_end = max(last_b_start + t_red, last_b_end + t_red / max(st.n_layers, 1))
-        else:
-            red_end = last_b_end
+        red_end = red_at[s] if s in red_at else reduction(s, last_b_start, last_b_end)[0]
         red_ends.append(red_end)
         if trace and dp > 1:
             for r in range(dp):
