@@ -310,6 +310,11 @@ def _works_in(out: Any) -> list:
 
 
 # ---- the dispatch mode ----------------------------------------------------------------------------
+def _meta(out: Any) -> bool:
+    first = out[0] if isinstance(out, (list, tuple)) and out else out
+    return isinstance(first, torch.Tensor) and first.is_meta
+
+
 def _is_fake(types: Any) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
     return any(issubclass(t, FakeTensor) for t in types)
@@ -347,8 +352,8 @@ class TimedMode(TorchDispatchMode):
             clock.sync(soft=True)
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        if func in _FREE or func.is_view or ns == "prim":
-            return out
+        if func in _FREE or func.is_view or ns == "prim" or _meta(out):
+            return out  # no kernel on a device (a view, an allocation, shape-only work on meta tensors)
         clock._poll()
         clock.charge(op_flops(func, args, kwargs, out), op_bytes(args, kwargs, out),
                      func._opname if clock.trace is not None else "")
