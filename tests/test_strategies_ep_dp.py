@@ -10,7 +10,9 @@ drop) trains 3 SGD steps with one stage of DP = 4 replicas (uneven rows 3, 3, 1,
     expert-DP groups {0, 2} and {1, 3} cross chips and SUM the copies' gradients (reduce_expert_grads);
     routing statistics (capacity, drop order, aux f_e) over the whole DP group (strategies/moe.py);
   - EP = 1: every replica holds every expert, the expert-DP group is the DP group (no all_to_all);
-  - EP = 2 under FSDP2 (zero 3): experts are left out of FSDP2 and reduced the same way.
+  - EP = 2 under FSDP2 (zero 3): experts are left out of FSDP2 and reduced the same way;
+  - composed: TP 2 in each of 2 replicas (an expert-DP group per TP index), and 2 pipeline stages of
+    2 replicas each (ep 1).
 Every held parameter must be within tests/_pp_cases.TOL (2e-6 absolute, fp32) of the single-process
 run, and have moved by >= 1e-5 and >= 10 x its difference. SGD makes the final parameters
 init - lr x (sum of the step gradients), so matching parameters after 3 steps means the gradients of
@@ -66,6 +68,28 @@ def test_expert_dp_matches_single_process(pool, ep, zero):
     ref = cases.cached_reference("moe", plan.global_batch, plan.num_microbatches)
     worst = max((r["params"][n] - ref["params"][n]).abs().max().item() for r in results for n in r["params"])
     print(f"  ep {ep}, zero {zero}: max |param - single process| = {worst:.2e} (tolerance {cases.TOL})")
+
+
+# composed: TP 2 inside each replica (expert-DP group per TP index: {0, 2} and {1, 3}), and a
+# 2-stage pipeline whose stages each have 2 replicas with every expert (ep 1, expert-DP = DP)
+COMPOSED = {
+    "tp2-ep1": [((0, 4), [((0, 1), 3), ((2, 3), 1)], [[0, 1, 2, 3]] * 2, 1)],
+    "pp2-ep1": [((0, 2), [((0,), 3), ((1,), 1)], [[0, 1, 2, 3]] * 2, 1),
+                ((2, 4), [((2,), 2), ((3,), 2)], [[0, 1, 2, 3]] * 2, 1)],
+}
+
+
+@pytest.mark.parametrize("case", list(COMPOSED))
+def test_expert_dp_composed_with_tp_and_pp(pool, case):
+    stages = COMPOSED[case]
+    pj = json.loads(cases.plan([st[:3] for st in stages], num_microbatches=2))
+    for st, (_, _, _, ep) in zip(pj["stages"], stages):
+        st["ep"] = ep
+    pj = json.dumps(pj)
+    results = pool.run(cases.train_plan, pj, "moe", timeout=300)
+    cases.check(results, pj, "HeteroPipeline", "moe")
+    if case.startswith("tp"):
+        assert all(r["dtensors"] > 0 for r in results)   # TP really sharded the attention
 
 
 def test_ep_degree_is_validated_where_the_plan_is_built():
