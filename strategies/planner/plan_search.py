@@ -158,7 +158,7 @@ def _estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[f
     """Closed-form 1F1B step time and whether every replica fits its memory. Recompute is chosen
     per stage: a stage recomputes only when it does not fit without (`shape.recompute` lists it)."""
     p, m = len(shape.stages), shape.m
-    stage_t, fits, tail, p2p = [], True, 0.0, 0.0
+    stage_t, fits, tail, p2p, chain = [], True, 0.0, 0.0, 0.0
     flags = []
     for s, ((a, b), groups) in enumerate(shape.stages):
         n_layers, dp, bm = b - a, sum(g.count for g in groups), shape.microbatch(s)
@@ -187,7 +187,13 @@ def _estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[f
             plist = [(f, n, f.intra_bw if n * tp <= f.ranks_per_node else f.nic_bw) for f, n, tp in parts.values()]
             t_red = dp_reduce_time(max(params, 0) * GRAD_BYTES, plist)
             t_red += expert_reduce_time(eparams, shape.ep, dp, [(f, n) for f, n, _ in parts.values()])
-            tail = max(tail, max(0.0, t_red - bwd_min) + t_red / max(n_layers, 1) + opt)
+            exposed = max(0.0, t_red - bwd_min) + t_red / max(n_layers, 1)
+            tail = max(tail, exposed + opt)
+            if s > 0 and not (shape.zero == 0 and groups[0].tp > 1):
+                # apply_plan's pipeline sends the last input gradients after the reduction that runs
+                # inside backward (simulate.Layout.send_after_reduction): the exposed reduction of
+                # every stage but the first lies on the backward chain through the stages
+                chain += exposed
         else:
             tail = max(tail, opt)
         if s < p - 1:
@@ -195,7 +201,7 @@ def _estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[f
             p2p += 2 * p2p_time(g0.mb * model.boundary_bytes() / g0.tp, g0.facts, g1.facts, False)
     if not uniform:
         shape.recompute = flags
-    return (m - 1) * max(stage_t) + sum(stage_t) + p2p + tail, fits
+    return (m - 1) * max(stage_t) + sum(stage_t) + p2p + chain + tail, fits
 
 
 def ep_of(model: ModelFacts, ep: Optional[int], dp: int, g: Group, nic: float,
