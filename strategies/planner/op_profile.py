@@ -34,15 +34,21 @@ class Ops(NamedTuple):
     nbytes: tuple[float, ...]
 
     def seconds(self, flops_per_s: float, bytes_per_s: float, share: float = 1.0) -> float:
-        """Sum over ops of max(flops / F, bytes / B), every op shrunk to `share` of its work."""
-        return sum(max(f * share / flops_per_s, b * share / bytes_per_s) for f, b in zip(self.flops, self.nbytes))
+        """Sum over ops of hal.timed.op_cost (max(flops / F, bytes / B): the clock's one formula),
+        every op shrunk to `share` of its work."""
+        from hal.timed import Speeds, op_cost
+        sp = Speeds(flops_per_s, bytes_per_s, "")
+        return sum(op_cost(f * share, b * share, sp) for f, b in zip(self.flops, self.nbytes))
 
     def __add__(self, other: "Ops") -> "Ops":  # type: ignore[override]
         return Ops(self.flops + other.flops, self.nbytes + other.nbytes)
 
 
 class _Count(TorchDispatchMode):
-    """Records every op hal.timed would charge (views, allocations, metadata and collectives are free)."""
+    """Records every op hal.timed would charge (views, allocations, metadata and collectives are free),
+    with hal.timed's rules and formulas. Not `hal.timed.record_ops`: its TimedMode leaves fake tensors
+    uncharged on purpose (shape propagation inside DTensor is no device work), and the profile runs
+    on fake tensors so that it costs no memory or compute at any model size."""
 
     def __init__(self) -> None:
         super().__init__()
