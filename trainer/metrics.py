@@ -8,6 +8,8 @@ What is MEASURED on every rank, every step (gathered on the bookkeeping gloo gro
     clock's overrun seconds (time the host, not the chip, was the limit); otherwise the main thread's
     CPU time (`time.thread_time()`: the training thread's forward, backward and optimizer; the
     bridge's executor threads are not in it);
+  - `device_s`: under timed emulation the chip's own time (`busy_s` alone), what the slow-node detector
+    reads; otherwise the thread CPU time;
   - `wait_s = step_s - compute_s`: time in collectives and waiting for peers (pipeline bubble
     included). Measured as that remainder: the bridge exposes no per-collective timers, so the split
     of the wait into communication and bubble is NOT measured; `bubble_est` is the 1F1B formula
