@@ -218,9 +218,17 @@ class HeteroPipeline:
                 x, out = saved.pop(m)
                 n_back += 1
                 grad = None if self.is_last else self._recv(self.recv_bwd, m, tag=2 * m + 1)
-                self.hooks.backward(out, grad, last=n_back == self.M)
+                hook = None
                 if not self.is_first:
-                    self._send(x.grad, self.send_bwd, 2 * m + 1, pending)
+                    # Send the input gradient from a hook on x, the moment autograd computes it: on the
+                    # last micro-batch DDP/FSDP2 reduce inside backward (their final callback waits for
+                    # every bucket), and sending after backward returned would put this stage's whole DP
+                    # reduction on the previous stage's critical path (Megatron-LM sends first too).
+                    hook = x.register_hook(
+                        lambda g, m=m: self._send(g, self.send_bwd, 2 * m + 1, pending))
+                self.hooks.backward(out, grad, last=n_back == self.M)
+                if hook is not None:
+                    hook.remove()
         for w, _, p in pending:
             if not w.wait():
                 raise PipelineError(f"rank {self.mesh.rank}: send of rows {p.start}:{p.end} to rank {p.dst} failed")

@@ -36,7 +36,7 @@ from hal.errors import HalError
 
 from .cost import ModelFacts, dp_reduce_time, p2p_time, replica_cost, GRAD_BYTES
 from .facts import ChipFacts, with_rails
-from .simulate import Layout, RepSpec, SimResult, StageSpec, simulate
+from .simulate import SEND_AFTER_REDUCTION, Layout, RepSpec, SimResult, StageSpec, simulate
 
 ZERO_LEVELS = (0, 2, 3)
 
@@ -189,7 +189,7 @@ def _estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[f
             t_red += expert_reduce_time(eparams, shape.ep, dp, [(f, n) for f, n, _ in parts.values()])
             exposed = max(0.0, t_red - bwd_min) + t_red / max(n_layers, 1)
             tail = max(tail, exposed + opt)
-            if s > 0 and not (shape.zero == 0 and groups[0].tp > 1):
+            if SEND_AFTER_REDUCTION and s > 0 and not (shape.zero == 0 and groups[0].tp > 1):
                 # apply_plan's pipeline sends the last input gradients after the reduction that runs
                 # inside backward (simulate.Layout.send_after_reduction): the exposed reduction of
                 # every stage but the first lies on the backward chain through the stages

@@ -53,6 +53,12 @@ class StageSpec:
         return sum(r.mb for r in self.reps)
 
 
+# strategies/pipeline_parallel.HeteroPipeline sends each input gradient from a hook on the stage input,
+# the moment autograd computes it, so the last micro-batch's sends do not wait for the DP reduction
+# that DDP / FSDP2 run inside that backward. Both the simulator and the search's closed form read this.
+SEND_AFTER_REDUCTION = False
+
+
 @dataclass
 class Layout:
     """What the simulator needs of a plan: stages, replicas with their chip figures, micro-batches."""
@@ -62,11 +68,11 @@ class Layout:
     zero: int = 0
     schedule: str = "1F1B"
     node_of: Optional[dict[int, int]] = None   # rank -> node (None: every TP group on one node)
-    # apply_plan's pipeline (strategies/pipeline_parallel.py) sends a stage's input gradients of the
-    # last micro-batch when backward() returns, i.e. after the DDP / FSDP2 gradient reduction that
-    # runs inside that backward (measured on timed-emulated runs: benchmarks/planner_prediction.py).
-    # False: a runtime that sends them first and reduces after (as Megatron-LM does)
-    send_after_reduction: bool = True
+    # True: a runtime that sends a stage's input gradients of the last micro-batch only when
+    # backward() returns, i.e. after the DDP / FSDP2 gradient reduction that runs inside that backward
+    # (apply_plan's pipeline did until it sent from a hook on the input, as Megatron-LM sends first;
+    # measured on timed-emulated runs: benchmarks/planner_prediction.py, docs/planner.md)
+    send_after_reduction: bool = SEND_AFTER_REDUCTION
 
     @property
     def global_batch(self) -> int:
