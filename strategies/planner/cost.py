@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from hal.efficiency import busbw_factor
+
 from .facts import ChipFacts
 
 BF16 = 2
@@ -94,13 +96,14 @@ class ReplicaCost:
 
 
 def allreduce_time(nbytes: float, n: int, bw: float, lat: float = 0.0) -> float:
-    """Ring all-reduce: 2(n-1) steps, each one message (latency `lat`) of nbytes/n."""
-    return 0.0 if n <= 1 else 2 * (n - 1) * lat + 2 * (n - 1) / n * nbytes / bw
+    """Ring all-reduce: 2(n-1) steps, each one message (latency `lat`) of nbytes/n; the bytes term is
+    nccl-tests' busbw relation (time = bytes x busbw_factor / bus bandwidth, hal.efficiency's one table)."""
+    return 0.0 if n <= 1 else 2 * (n - 1) * lat + busbw_factor("all_reduce", n) * nbytes / bw
 
 
 def gather_time(nbytes: float, n: int, bw: float, lat: float = 0.0) -> float:
     """all_gather or reduce_scatter of an n-way sharded buffer of nbytes total (ring: n-1 steps)."""
-    return 0.0 if n <= 1 else (n - 1) * lat + (n - 1) / n * nbytes / bw
+    return 0.0 if n <= 1 else (n - 1) * lat + busbw_factor("all_gather", n) * nbytes / bw
 
 
 def group_bw(facts: ChipFacts, members: Sequence[int], rank_node) -> float:
