@@ -326,9 +326,12 @@ class TimedMode(TorchDispatchMode):
     def __init__(self, clock: VirtualClock):
         super().__init__()
         self.clock = clock
+        self.pid = os.getpid()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if os.getpid() != self.pid:  # a forked child (a DataLoader worker) inherits the mode: not the chip
+            return func(*args, **kwargs)
         if types and any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types):
             if _is_fake(types):  # shape propagation (DTensor's sharding, meta functions): no device work
                 return func(*args, **kwargs)
