@@ -39,6 +39,11 @@ not an op, so no dispatch mode sees it; the completion time stands in for it). T
 makes the emulated chip slower than the host really is (a tiny model's step on an H100 takes
 microseconds), so that the host stays ahead.
 
+Collectives of a process group written in Python (ccl_bridge's `hetero` group) never enter the
+`c10d::*` ops (torch calls the subclass through pybind), so its methods are wrapped to the same
+effect (`watch_process_groups`). A tensor subclass (DTensor) is not charged itself: the plain ops it
+runs are. Ops on fake or meta tensors (shape propagation) cost nothing.
+
 Communication is NOT emulated: it runs on the host's real CPU fabric (shm/gloo) and takes its real
 time. The dispatch mode is thread-local: it charges ops of the thread that installed it (the main
 thread: the training loop, autograd's CPU backward, DDP's hooks); ops on other threads are free.

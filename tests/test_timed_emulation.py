@@ -418,3 +418,18 @@ def test_a_python_process_group_is_a_synchronisation_point_and_its_completion_co
         clock.sync()
     assert pg.calls == ["allreduce"] * 2
     assert clock.device_t == pytest.approx(107.0) and clock.stats()["overrun_count"] == 0
+
+
+def test_a_matrix_file_from_the_environment_sets_the_speeds(tmp_path):
+    from hal.efficiency import EfficiencyMatrix, MatmulFigure
+    m = EfficiencyMatrix(chip="cuda", plugin="p", profile_model=catalog.default("cuda").model, emulated=False,
+                         device="cuda:0", ccl="nccl", torch_version="x", host="h", measured_at="t",
+                         matmul=[MatmulFigure(dtype="bfloat16", m=8, n=8, k=8, flops_per_s=500e12,
+                                              seconds_median=1, repeats=1)])
+    m.write(tmp_path / "cuda.json")
+    env = {"HAL_EMULATE_TIMED": "1", "HAL_EMULATE_TIME_SCALE": "100", "HAL_EMULATE_TIMED_MATRIX": str(tmp_path)}
+    clock = timed.clock_from_env("cuda", catalog.default("cuda"), env)
+    assert clock.speeds.flops_per_s == pytest.approx(5e12) and "measured" in clock.speeds.source
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(TimedEmulationError, match="bad.json"):
+        timed.clock_from_env("cuda", catalog.default("cuda"), env)
