@@ -232,7 +232,10 @@ class VirtualClock:
                 w.get_future().add_done_callback(lambda _f, box=box, now=self._now: box.append(now()))
             except (RuntimeError, AttributeError):  # a Work without a future: polled
                 box = None  # type: ignore[assignment]
-            self._pending.append((w, box))
+            # Keep the Work only when it must be polled: a held Work keeps its process group alive
+            # past destroy_process_group, to be torn down at interpreter exit, where a fabric's
+            # worker thread can be destroyed unjoined ("terminate called without an active exception")
+            self._pending.append((w if box is None else None, box))
 
     def _advance_to(self, t: float) -> None:
         if self.device_t is None or t > self.device_t:
