@@ -18,11 +18,11 @@ from .errors import HalError
 
 # Achieved fraction of the catalog peak FLOP/s when no efficiency matrix is given: large dense
 # transformer runs report 0.4-0.55 model FLOPs utilisation on H100/A100 (Megatron-LM, torchtitan);
-# the planner's DEFAULT_MFU is this same figure (strategies/planner/facts.py should import it).
+# the planner's DEFAULT_MFU is this figure (strategies/planner/facts.py imports it).
 DEFAULT_EFFICIENCY = 0.45
 # Memory bandwidth is charged at the catalog's figure (no efficiency factor, as the planner does).
 # Figures the catalog lists as unknown: chip model -> figure -> (value, why). The one definition
-# (the planner's facts.ASSUMED had these; it should import them from here).
+# (strategies/planner/facts.py imports it).
 ASSUMED: dict[str, dict[str, tuple[float, str]]] = {
     "P800": {
         "peak_bf16": (345e12, "assumed: the '345 TFLOPS FP16' figure of industry analyses "

@@ -19,24 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-DEFAULT_MFU = 0.45
+# The chip figures the planner shares with timed emulation are defined once, in hal.timed_cost:
+# DEFAULT_EFFICIENCY (achieved / catalog peak FLOP/s), ASSUMED (figures the catalog lists as unknown)
+# and DEFAULT_MEMORY_BW, so a plan for emulated chips and the emulated chips agree by construction.
+from hal.timed_cost import ASSUMED, DEFAULT_EFFICIENCY as DEFAULT_MFU, DEFAULT_MEMORY_BW  # noqa: E402
 # Link efficiency: the fraction of a link's rate a large collective achieves (nccl-tests busbw on
 # NVLink/IB is typically 80-90% of the line rate). Applied to spec and catalog rates, never to
 # measured busbw (that is already achieved).
 LINK_EFFICIENCY = 0.85
 
-# chip model -> figure -> (value, why). Used only where the catalog says unknown.
-ASSUMED: dict[str, dict[str, tuple[float, str]]] = {
-    "P800": {
-        "peak_bf16": (345e12, "assumed: the '345 TFLOPS FP16' figure of industry analyses "
-                              "(the catalog notes it has no vendor datasheet)"),
-        "memory_bw": (2.0e12, "assumed: HBM-class module, about 910B2's"),
-    },
-    "910B2": {
-        "memory_bw": (1.6e12, "assumed: HBM2e, 1.6 TB/s class (no figure in the catalog)"),
-    },
-}
-DEFAULT_MEMORY_BW = (1.5e12, "default: 1.5 TB/s")
 DEFAULT_MEMORY = (64e9, "default: 64 GB")
 # Host staging for the bridge's cross-chip path: device<->host copies per rank (PCIe Gen4/5 x16,
 # about 25 GB/s achieved each way).
