@@ -101,6 +101,20 @@ def test_plots_written(tmp_path):
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in out)
 
 
+def test_plots_of_a_run_whose_world_shrank(tmp_path):
+    # trainer/elastic.py: a run restarted on 2 of its 4 ranks has records of both world sizes
+    from trainer.plots import plot_run
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        for s in range(1, 7):
+            n = 4 if s <= 3 else 2
+            f.write(json.dumps({"step": s, "loss": 5.0 - s * 0.1, "tokens_per_s": 100.0, "rank_step_s": [0.1] * n,
+                                "rank_compute_s": [0.05] * n,
+                                "tokens_per_s_chip": {"cuda": 60.0, "ascend": 40.0} if n == 4 else {"cuda": 90.0}})
+                    + "\n")
+    out = plot_run(tmp_path, ["cuda", "cuda"])
+    assert [p.name for p in out] == ["loss.png", "rank_step_time.png", "tokens_per_chip.png"]
+
+
 @pytest.fixture(scope="module")
 def pool():
     with WorkerPool(4, env={"HAL_EMULATE": EMULATE, "OMP_NUM_THREADS": "1"}) as p:

@@ -51,19 +51,26 @@ def plot_run(run_dir: Path, chips: Optional[list[str]] = None, title: str = "") 
     out.append(_save(fig, run_dir / "loss.png", plt))
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    n = len(recs[0]["rank_step_s"])
+    # A run restarted on another cluster (trainer/elastic.py) has records of several world sizes:
+    # each rank is drawn over the records that have it, and chip names (summary.json: the last
+    # world's) label the ranks only when the world never changed.
+    sizes = {len(r["rank_step_s"]) for r in recs}
+    n = max(sizes)
     for i in range(n):
-        label = f"rank {i}" + (f" ({chips[i]})" if chips and i < len(chips) else "")
-        line, = ax.plot(steps, [r["rank_step_s"][i] * 1e3 for r in recs], lw=1, label=label)
-        if "rank_compute_s" in recs[0]:
-            ax.plot(steps, [r["rank_compute_s"][i] * 1e3 for r in recs], lw=0.8, ls="--", color=line.get_color())
+        mine = [r for r in recs if len(r["rank_step_s"]) > i]
+        label = f"rank {i}" + (f" ({chips[i]})" if chips and len(sizes) == 1 and i < len(chips) else "")
+        line, = ax.plot([r["step"] for r in mine], [r["rank_step_s"][i] * 1e3 for r in mine], lw=1, label=label)
+        timed = [r for r in mine if len(r.get("rank_compute_s", ())) > i]
+        if timed:
+            ax.plot([r["step"] for r in timed], [r["rank_compute_s"][i] * 1e3 for r in timed], lw=0.8, ls="--",
+                    color=line.get_color())
     ax.set_xlabel("step"), ax.set_ylabel("ms (solid: step, dashed: compute)"), ax.legend(fontsize=7)
     ax.set_title(f"per-rank step time {title}".strip(), fontsize=9)
     out.append(_save(fig, run_dir / "rank_step_time.png", plt))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, [r["tokens_per_s"] for r in recs], lw=1.2, color="black", label="all chips")
-    kinds = list(recs[0].get("tokens_per_s_chip", {}))
+    kinds = list(dict.fromkeys(k for r in recs for k in r.get("tokens_per_s_chip", {})))  # every kind seen
     for k in kinds:
         ax.plot(steps, [r["tokens_per_s_chip"].get(k, 0.0) for r in recs], lw=1, label=k)
     ax.set_xlabel("step"), ax.set_ylabel("tokens/s"), ax.legend(fontsize=7)
