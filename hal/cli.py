@@ -4,8 +4,8 @@ Every subcommand is named here by module path with a one-line help, and only the
 imported: `hal --help` lists them all from this table, importing none (nor torch), so `hal` imports no
 layer above it (tests/test_cli_imports.py checks sys.modules). A subcommand module has
 `add_arguments(parser)` and `run(args) -> int`; its docstring is its `--help` description. The
-higher layers' commands live in commands/ (bench, demo, conformance), trainer/, strategies/planner/
-and testbed/; a subcommand whose package is not installed says so when chosen (exit 2).
+higher layers' commands live in commands/ (bench, demo, conformance, plan, simulate, train) and
+testbed/; a subcommand whose package is not installed says so when chosen (exit 2).
 """
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "new-plugin": ("hal.cli_new_plugin", "write a ready-to-install plugin package for a new chip"),
     "bench": ("commands.bench", "benchmarks: `hal bench comm` prints an nccl-tests style table"),
     "demo": ("commands.demo", "the main job: train on an emulated mixed cluster (the README's run command)"),
-    "train": ("trainer.cli", "train a model on a (mixed) cluster from a TOML config: `hal train --config FILE`"),
+    "train": ("commands.train", "train a model on a (mixed) cluster from a TOML config: `hal train --config FILE`"),
     "conformance": ("commands.conformance", "run the conformance suite against a plugin"),
-    "plan": ("strategies.planner.cli_plan", "find the best layout of a model over a mixed cluster (cost model + simulator)"),
-    "simulate": ("strategies.planner.cli_simulate", "predict one training step of a given plan"),
-    "testbed": ("testbed.cli", "multi-host test bed (root): hosts as namespaces, one shaped NIC per rank: up|run|exec|status|down"),
+    "plan": ("commands.plan", "find the best layout of a model over a mixed cluster (cost model + simulator)"),
+    "simulate": ("commands.simulate", "predict one training step of a given plan"),
+    "testbed": ("commands.testbed", "multi-host test bed (root): hosts as namespaces, one shaped NIC per rank: up|run|exec|status|down"),
 }
 
 EPILOG = """environment:

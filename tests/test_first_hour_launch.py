@@ -235,7 +235,7 @@ class _FakeBed:
 ])
 def test_testbed_run_checks_the_ranks_chip_environment(env, needles, launches, monkeypatch):
     from hal.launch_check import LaunchError
-    from testbed.cli import _check_chips
+    from commands.testbed import _check_chips
     bed = _FakeBed([2, 2])
     if not needles:
         _check_chips(bed, env)
@@ -265,7 +265,7 @@ def test_testbed_bad_input_is_one_line(argv, needles, launches, capsys):
 
 def test_testbed_bed_chips_from_up_are_checked_too(launches):
     from hal.launch_check import LaunchError
-    from testbed.cli import _check_chips
+    from commands.testbed import _check_chips
     _check_chips(_FakeBed([1, 1], chips=("cuda", "ascend")), {})
     with pytest.raises(LaunchError, match="'foo'"):
         _check_chips(_FakeBed([1, 1], chips=("cuda", "foo")), {})
@@ -278,7 +278,7 @@ def _result(outputs, codes, timed_out=False):
 
 
 def test_testbed_report_prints_the_first_failing_rank_once(capsys):
-    from testbed.cli import _report
+    from commands.testbed import _report
     host0 = "[hal rank error] t=2.5 rank=0 chip=cuda BridgePeerError: peer 1 closed\nTraceback ...\n"
     host1 = ("[hal rank error] t=1.5 rank=1 chip=ascend ValueError: shape (4, 8) vs (4, 9)\nTraceback ...\n"
              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ...\n")
@@ -293,7 +293,7 @@ def test_testbed_report_prints_the_first_failing_rank_once(capsys):
 
 
 def test_testbed_report_timeout_is_124_and_success_prints_every_host(capsys):
-    from testbed.cli import _report
+    from commands.testbed import _report
     assert _report(_result(["half done\n", ""], [None, None], timed_out=True), 5) == 124
     err = capsys.readouterr().err.splitlines()
     assert "stopped after 5s (--timeout)" in err[0] and len(err) == 2

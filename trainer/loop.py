@@ -225,7 +225,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
 
 
 def main(argv: Optional[list] = None) -> int:
-    from .cli import add_arguments, load
+    from .args import add_arguments, load
     p = argparse.ArgumentParser(prog="python -m trainer.loop", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)

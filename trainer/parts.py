@@ -111,7 +111,7 @@ def part_configs(cfg) -> list[tuple[str, dict]]:
 
 
 def measure(args: argparse.Namespace, cfg, run) -> int:
-    """Run every part (`run`: trainer.cli.run for one config); 0 when all finished."""
+    """Run every part (`run`: commands.train.run for one config); 0 when all finished."""
     for name, data in part_configs(cfg):
         d = cfg.run_dir / "parts" / name
         d.mkdir(parents=True, exist_ok=True)

@@ -64,8 +64,8 @@ def load_inputs(args: argparse.Namespace):
     from hal.errors import HalError
     from hal.topology import Topology
 
-    from ..models import ModelConfig
-    from .facts import chip_facts, load_matrices
+    from strategies.models import ModelConfig
+    from strategies.planner.facts import chip_facts, load_matrices
 
     if not Path(args.model).is_file():
         raise CliError(f"--model {args.model}: no such file")
@@ -86,7 +86,7 @@ def load_inputs(args: argparse.Namespace):
         raise CliError(f"--cluster: {exc}") from None
     try:
         matrices = load_matrices(getattr(args, "matrix", None))
-        from .facts import with_rails
+        from strategies.planner.facts import with_rails
         facts = with_rails([chip_facts(sc, matrices) for sc in topo.sub_clusters], topo)
     except (OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
@@ -103,10 +103,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .convert import to_plan
-    from .cost import ModelFacts
-    from .report import efficiency_lines, facts_table, plan_table, step_table, summary
-    from .plan_search import PlanSearchError, search
+    from strategies.planner.convert import to_plan
+    from strategies.planner.cost import ModelFacts
+    from strategies.planner.report import efficiency_lines, facts_table, plan_table, step_table, summary
+    from strategies.planner.plan_search import PlanSearchError, search
 
     out, trace, json_out = (_out_path("--out", args.out), _out_path("--trace", args.trace),
                             _out_path("--json", args.json_out))
@@ -154,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
         plan.save(out)
         print(f"plan written to {out}")
     if trace:
-        from .simulate import simulate
+        from strategies.planner.simulate import simulate
         simulate(best.layout, model, trace=True).write_trace(trace)
         print(f"trace written to {trace} (open in ui.perfetto.dev or chrome://tracing)")
     if json_out:

@@ -61,8 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _pick(name):
-    from .bed import Testbed, list_beds
-    from .errors import TestbedSetupError
+    from testbed.bed import Testbed, list_beds
+    from testbed.errors import TestbedSetupError
     beds = list_beds()
     if name is None:
         if len(beds) != 1:
@@ -76,9 +76,9 @@ def _strip(argv: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .bed import Testbed, list_beds
-    from .errors import TestbedSpecError
-    from .spec import BedSpec, parse_rate
+    from testbed.bed import Testbed, list_beds
+    from testbed.errors import TestbedSpecError
+    from testbed.spec import BedSpec, parse_rate
     cmd = getattr(args, "testbed_cmd", None)
     if cmd == "up":
         if args.cluster:
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if cmd == "run":
         from hal.launch_check import check_float
         check_float("--timeout", args.timeout, 0.0, 7 * 86_400.0)
-        from .launch import launch
+        from testbed.launch import launch
         target = _strip(args.target)
         if not target:
             raise TestbedSpecError("hal testbed run: give a target after --, e.g. -- -m commands.bench comm")
@@ -162,7 +162,7 @@ def _check_chips(bed, extra: dict) -> None:
     import os
 
     from hal.launch_check import CHIP_ENV, LaunchError, check_plugins, plan_ranks
-    from .launch import job_env
+    from testbed.launch import job_env
     env = {**os.environ, **job_env(bed, 0, extra)}
     if not any((env.get(k) or "").strip() for k in CHIP_ENV):
         check_plugins(env)  # HAL_PLUGINS; every rank takes the chip the machine has (hal.accelerator's default)
@@ -200,5 +200,5 @@ def _report(result, timeout: float) -> int:
 
 
 def _alive(pid: int) -> bool:
-    from .bed import _alive as alive
+    from testbed.bed import _alive as alive
     return alive(pid)

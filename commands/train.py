@@ -27,39 +27,7 @@ import os
 import sys
 import time
 
-_OVERRIDES = ("steps", "stop_after", "run_dir", "plan", "seed")
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, metavar="train.toml", help="the run's config (examples/train/)")
-    p.add_argument("--steps", type=int, help="override `steps` (the schedule's length)")
-    p.add_argument("--stop-after", type=int, help="stop at this step, checkpointed, schedule unchanged")
-    p.add_argument("--run-dir", help="override log.dir (metrics, summary, checkpoints)")
-    p.add_argument("--plan", help="override the plan: even, auto, or a plan file (TOML/JSON)")
-    p.add_argument("--seed", type=int, help="override `seed`")
-    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                   help="torchrun --max-restarts: restart the job up to N times after a rank fails; each restart "
-                        "resumes from the newest complete checkpoint (docs/training.md, faults)")
-    p.add_argument("--measure-parts", action="store_true",
-                   help="first run each sub-cluster alone (planned for itself) and Plan.even for a few steps, "
-                        "so the run ends with its mixed-cluster efficiency (trainer/parts.py)")
-
-
-def load(args: argparse.Namespace):
-    """The config with the command line's overrides, validated (TrainConfigError names the field)."""
-    from .config import TrainConfig
-    cfg = TrainConfig.from_toml(args.config)
-    data = cfg.model_dump()
-    for k in ("steps", "stop_after", "seed"):
-        if getattr(args, k, None) is not None:
-            data[k] = getattr(args, k)
-    if getattr(args, "run_dir", None):
-        data["log"]["dir"] = os.path.abspath(args.run_dir)
-    if getattr(args, "plan", None):
-        data["plan"]["source"] = args.plan if args.plan in ("even", "auto") else "file"
-        if data["plan"]["source"] == "file":
-            data["plan"]["file"] = os.path.abspath(args.plan)
-    return TrainConfig(**data)
+from trainer.args import _OVERRIDES, add_arguments, load  # noqa: F401 - hal/cli.py calls add_arguments
 
 
 def plan(cfg, args: argparse.Namespace, environ: dict) -> tuple:
@@ -70,7 +38,7 @@ def plan(cfg, args: argparse.Namespace, environ: dict) -> tuple:
     from hal.launch_check import LaunchError, check_int, check_output_dir, plan_ranks
     from hal.topology import Topology
 
-    from .config import TrainConfigError
+    from trainer.config import TrainConfigError
     check_int("--max-restarts", getattr(args, "max_restarts", 0), 0, 100)
     env = dict(environ)
     emulate = emulate_label = cluster_label = None
@@ -93,7 +61,7 @@ def plan(cfg, args: argparse.Namespace, environ: dict) -> tuple:
         if not cfg.resolve(p).exists():
             raise TrainConfigError("data.paths", p, f"no such file or folder ({cfg.resolve(p)})")
     if cfg.plan.source != "auto":  # the Plan the ranks will build, checked on this cluster and model now
-        from .loop import make_plan
+        from trainer.loop import make_plan
         make_plan(cfg, Topology.from_env(env, world_size=nproc), cfg.load_model_config(), None)
     else:
         cfg.load_model_config()
@@ -112,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
     except HalError as exc:
         return fail("hal train", exc)
     if os.environ.get("TORCHELASTIC_RUN_ID") or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
-        from .elastic import exit_failed
-        from .loop import train
+        from trainer.elastic import exit_failed
+        from trainer.loop import train
         try:
             train(cfg, log=lambda s: print(s, flush=True))
         except BaseException as exc:  # exit now; torchrun restarts the job (trainer/elastic.py)
@@ -128,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         if cfg.cluster.time_scale:
             env["HAL_EMULATE_TIME_SCALE"] = repr(cfg.cluster.time_scale)
     if getattr(args, "measure_parts", False):  # each sub-cluster alone and Plan.even first (trainer/parts.py)
-        from .parts import measure
+        from trainer.parts import measure
         try:
             code = measure(args, cfg, run)
         except HalError as exc:

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from .cli_plan import CliError, _out_path, load_inputs
+from commands.plan import CliError, _out_path, load_inputs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,11 +37,11 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from hal.errors import HalError
 
-    from ..plan import Plan
-    from .convert import from_plan
-    from .cost import ModelFacts
-    from .report import plan_table, step_table
-    from .simulate import simulate
+    from strategies.plan import Plan
+    from strategies.planner.convert import from_plan
+    from strategies.planner.cost import ModelFacts
+    from strategies.planner.report import plan_table, step_table
+    from strategies.planner.simulate import simulate
 
     trace, json_out = _out_path("--trace", args.trace), _out_path("--json", args.json_out)
     if not Path(args.plan).is_file():
