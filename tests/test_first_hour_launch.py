@@ -98,6 +98,7 @@ TRAIN_CASES = [
     ([], {"cluster": f'spec = "{BIG}"'}, {}, ["rank 0 of 32", "not natively available", "HAL_EMULATE=cuda"]),
     ([], {"global_batch": 15}, {}, ["global_batch = 15", "4 replicas"]),
     ([], {"vocab": 0}, {}, ["vocab = 0"]),
+    ([], {"vocab": 128}, {}, ["model.overrides.vocab = 128", "byte-level data needs vocab = 256"]),
     ([], {"data": 'source = "files"\npaths = ["no/such/dir"]'}, {}, ["data.paths", "no/such/dir"]),
     (["--plan", "/nonexistent/plan.toml"], {}, {}, ["plan.file", "/nonexistent/plan.toml"]),
     (["--run-dir", "/etc/hostname"], {}, {}, ["--run-dir /etc/hostname", "is a file"]),
@@ -156,9 +157,11 @@ def test_train_exit_code_1_when_a_rank_fails_is_reported_once(tmp_path, launches
 
 
 def test_train_rank_failure_at_run_time_prints_the_first_failing_rank_once(tmp_path, monkeypatch):
-    """A real job: vocab 128 is refused by every rank after start-up (the byte data needs 256; the check
-    lives in trainer.loop), and the user reads that rank's one line, not torchrun's dump."""
-    cfg = _config(tmp_path, cluster='emulate = "cuda:1,ascend:1"', vocab=128)
+    """A real job: a data folder that exists (the launcher checks that) but holds no text is refused by
+    every rank when it builds the corpus, and the user reads that rank's one line, not torchrun's dump."""
+    (tmp_path / "empty").mkdir()
+    cfg = _config(tmp_path, cluster='emulate = "cuda:1,ascend:1"',
+                  data=f'source = "files"\npaths = ["{tmp_path / "empty"}"]')
     env = {k: v for k, v in os.environ.items() if k not in CLEAN}
     p = subprocess.run([sys.executable, "-m", "hal.cli", "train", "--config", cfg], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=240)
@@ -168,7 +171,7 @@ def test_train_rank_failure_at_run_time_prints_the_first_failing_rank_once(tmp_p
     assert len(err) == 2, p.stderr
     assert err[0].startswith("hal train: error: first failing rank: rank=")
     assert "chip=cuda" in err[0] or "chip=ascend" in err[0]
-    assert "TrainConfigError: train config field model.overrides.vocab = 128" in err[0]
+    assert "DataError: " in err[0] and "too few for a train/validation split" in err[0], err[0]
     log = Path(err[1].split("full log of every rank: ")[1])
     assert log == tmp_path / "run" / "ranks.log" and "Traceback" in log.read_text()
 

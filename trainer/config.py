@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from strategies.errors import FieldError, from_validation_error
 
 
+BYTE_VOCAB = 256  # every data source is bytes (trainer.data.VOCAB is this)
+
+
 class TrainConfigError(FieldError):
     """A train config that is malformed or names something that is not there."""
 
@@ -179,9 +182,13 @@ class TrainConfig(_Section):
             raise TrainConfigError("model.path", self.model.path, f"no such file ({path})")
         base = ModelConfig.from_toml(path)
         try:
-            return ModelConfig(**{**base.model_dump(), **self.model.overrides})
+            cfg = ModelConfig(**{**base.model_dump(), **self.model.overrides})
         except ModelConfigError as exc:
             raise TrainConfigError(f"model.overrides.{exc.field}", exc.value, exc.problem) from None
+        if cfg.vocab != BYTE_VOCAB:  # checked here, so `hal train` refuses it before torchrun starts
+            raise TrainConfigError("model.overrides.vocab", cfg.vocab,
+                                   f"byte-level data needs vocab = {BYTE_VOCAB} (set model.overrides.vocab = 256)")
+        return cfg
 
     def lr_at(self, step: int) -> float:
         """lr of step `step` (0-based): linear warmup to `lr` over warmup_steps, then cosine to

@@ -19,7 +19,9 @@ from typing import Sequence
 
 import torch
 
-VOCAB = 256  # bytes
+from .config import BYTE_VOCAB
+
+VOCAB = BYTE_VOCAB  # bytes (one definition: trainer.config)
 
 
 class DataError(ValueError):

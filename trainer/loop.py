@@ -111,10 +111,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
     acc = hal.accelerator()
     book = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.timeout_s))  # bookkeeping
     topo = live_topology(world, book, log)  # the chips that are here (a node may have gone: trainer/elastic.py)
-    model_cfg = cfg.load_model_config()
-    if model_cfg.vocab != VOCAB:
-        raise TrainConfigError("model.overrides.vocab", model_cfg.vocab,
-                               f"byte-level data needs vocab = {VOCAB} (set model.overrides.vocab = 256)")
+    model_cfg = cfg.load_model_config()  # vocab = 256 checked there
     plan = make_plan(cfg, topo, model_cfg, book)
     chips: list = [None] * world
     dist.all_gather_object(chips, {"rank": rank, "chip": acc.chip.name, "emulated": bool(acc.emulated),
