@@ -6,11 +6,10 @@
 For each layout (chip map x Plan, below) the layout is run for real: a WorkerPool of one process per
 rank (torchrun's variables, HAL_EMULATE = the chip map, every chip EMULATED on this host's CPU),
 `strategies.apply.apply_plan` builds the run and each step is what trainer/loop.py runs (`run.step`
-+ AdamW). The default process group is gloo, not the `hetero` bridge: the bridge is a Python
-ProcessGroup whose collectives and sends never enter torch's dispatcher, so timed emulation cannot
-see them and does not synchronise the emulated clocks across ranks there (seen here: on `hetero`
-every rank's step came out as its own busy time, with no pipeline bubble). On gloo every collective
-and send/recv is a c10d op the clock synchronises at. All ranks are CPU processes either way. The measured step time is, per step, the longest rank's
++ AdamW). The default process group is the `hetero` bridge (`--backend gloo` for plain gloo): timed
+emulation wraps the bridge's Python ProcessGroup collectives (hal.timed, commit 2e72246; before it
+the clock never saw them and every rank's step came out as its own busy time, no bubble), so the
+clocks synchronise at every collective and send/recv on either backend. All ranks are CPU processes either way. The measured step time is, per step, the longest rank's
 time from a common barrier to the end of its optimizer step; the figure is the median over
 `--repeats` steps after `--warmup`. With timed emulation on (`HAL_EMULATE_TIMED=1`, hal.timed, the
 default here) an emulated chip's compute takes the time its speed says on a virtual clock, slept up
@@ -75,28 +74,10 @@ def _flush() -> None:
 
 
 def w_probe(sizes: list, reps: int) -> list:
-    """Ping-pong between rank 0 and the last rank (different chips) over the world group:
-    the one-way seconds per size (median of `reps`). Other ranks wait."""
-    import torch
-    import torch.distributed as dist
-    rank, world = dist.get_rank(), dist.get_world_size()
-    peer = world - 1
-    out = []
-    for n in sizes:
-        buf = torch.zeros(max(1, n // 4))
-        times = []
-        for _ in range(reps + 1):
-            dist.barrier(group=_book)
-            t0 = time.perf_counter()
-            if rank == 0:
-                dist.send(buf, peer)
-                dist.recv(buf, peer)
-            elif rank == peer:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
-            times.append((time.perf_counter() - t0) / 2)
-        out.append(statistics.median(times[1:]))
-    return out
+    """Ping-pong between rank 0 and the last rank (different chips) over the world group: the
+    one-way seconds per size (strategies.planner.link_probe, the probe hal train's plan auto uses)."""
+    from strategies.planner.link_probe import ping_pong
+    return ping_pong(sizes, reps, _book)
 
 
 def w_measure(plan_json: str, model: dict, warmup: int, repeats: int) -> dict:
@@ -187,15 +168,10 @@ def layouts(speeds: dict) -> list[tuple[str, str, str]]:
     return out
 
 
+from strategies.planner.link_probe import fit_link  # noqa: E402 - one definition
+
+
 # ---- the comparison ----------------------------------------------------------------------------------
-def fit_link(sizes: list, seconds: list) -> tuple[float, float]:
-    """(latency s, bandwidth B/s) of t = latency + bytes / bandwidth: latency = the smallest
-    message's time, bandwidth from the largest (robust to the jitter of a loaded host, where a least
-    squares slope over a few sizes can come out negative)."""
-    lat = seconds[0]
-    return lat, (sizes[-1] - sizes[0]) / max(seconds[-1] - lat, 1e-9)
-
-
 def spearman(a: list, b: list) -> float:
     """Spearman's rank correlation (average ranks for ties)."""
     def ranks(v):
@@ -259,6 +235,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="*", default=None, help="layout names containing any of these")
     p.add_argument("--untimed", action="store_true", help="no timed emulation (checks the harness only)")
     p.add_argument("--json", default=None)
+    p.add_argument("--backend", choices=("hetero", "gloo"), default="hetero",
+                   help="default process group of the ranks (hetero: the ccl_bridge path hal train uses)")
     args = p.parse_args(argv)
     timed_on = not args.untimed
     scale = args.scale
@@ -290,7 +268,7 @@ def main(argv=None) -> int:
         if timed_on:
             env.update({"HAL_EMULATE_TIMED": "1", "HAL_EMULATE_TIME_SCALE": repr(scale)})
         with WorkerPool(world, env=env) as pool:
-            info = pool.run(w_init, timeout=180)
+            info = pool.run(w_init, args.backend, timeout=180)
             assert all(i["emulated"] for i in info), info
             if link is None:   # the CPU fabric is the same for every map: probe once
                 sizes = [4096, 65536, 1048576, 8388608]

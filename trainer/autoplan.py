@@ -11,11 +11,8 @@ NVLink figures while the run's links are this host's shared memory.
 """
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Optional
 
-import torch
 import torch.distributed as dist
 
 PROBE_SIZES = (4 << 10, 64 << 10, 512 << 10)
@@ -34,37 +31,12 @@ def probe_link(book) -> Optional[tuple[float, float]]:
     """(latency s, bandwidth B/s) of the training backend between rank 0 and the last rank, on every
     rank (a collective over the world; `book` is the bookkeeping group for the barriers). None for a
     single rank."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if world == 1:
+    from strategies.planner.link_probe import fit_link, ping_pong
+    if dist.get_world_size() == 1:
         return None
-    peer = world - 1
-    secs = []
-    for n in PROBE_SIZES:
-        buf = torch.zeros(n // 4)
-        times = []
-        for _ in range(PROBE_REPS + 1):
-            dist.barrier(group=book)
-            t0 = time.perf_counter()
-            if rank == 0:
-                dist.send(buf, peer)
-                dist.recv(buf, peer)
-            elif rank == peer:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
-            times.append((time.perf_counter() - t0) / 2)
-        secs.append(statistics.median(times[1:]))
-    box = [secs]
+    box = [ping_pong(PROBE_SIZES, PROBE_REPS, book)]
     dist.broadcast_object_list(box, src=0, group=book)
     return fit_link(list(PROBE_SIZES), box[0])
-
-
-def fit_link(sizes: list, seconds: list) -> tuple[float, float]:
-    """(latency s, bandwidth B/s) of t = latency + bytes / bandwidth, least squares."""
-    n = len(sizes)
-    mx, my = sum(sizes) / n, sum(seconds) / n
-    sxx = sum((x - mx) ** 2 for x in sizes)
-    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sxx
-    return max(0.0, my - slope * mx), 1.0 / max(slope, 1e-15)
 
 
 def auto_plan(cfg, topo, model_cfg, link: Optional[tuple[float, float]]):
