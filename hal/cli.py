@@ -23,7 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ops-check": ("hal.cli_ops_check", "run every HAL op on every discovered chip (emulated) against the reference"),
     "new-plugin": ("hal.cli_new_plugin", "write a ready-to-install plugin package for a new chip"),
     "bench": ("commands.bench", "benchmarks: `hal bench comm` prints an nccl-tests style table"),
-    "demo": ("commands.demo", "the main job: train on an emulated mixed cluster (the README's run command)"),
+    "demo": ("commands.demo", "DDP over the hetero bridge on an emulated mixed cluster, checked against one process"),
     "train": ("commands.train", "train a model on a (mixed) cluster from a TOML config: `hal train --config FILE`"),
     "conformance": ("commands.conformance", "run the conformance suite against a plugin"),
     "plan": ("commands.plan", "find the best layout of a model over a mixed cluster (cost model + simulator)"),
@@ -38,11 +38,13 @@ EPILOG = """environment:
   HAL_PLUGINS=a,b               load exactly these plugins (entry-point names or modules)
   HAL_DISABLE_PLUGIN_AUTOLOAD=1 load no entry-point plugins
   HAL_CPU_CCL=auto|shm|gloo     CPU fabric for the cpu chip and emulated chips (auto: shm on one host)
+  HAL_EMULATE_TIMED=1           timed emulation: each emulated chip's ops take its catalog speed's time
+                                (x HAL_EMULATE_TIME_SCALE); communication stays the host's CPU fabric
 
 examples:
   hal info --json
   HAL_EMULATE=ascend hal ops-check
-  hal demo
+  hal train --config examples/train/mixed.toml
   hal COMMAND --help            a subcommand's own options
 """
 
