@@ -15,6 +15,7 @@ Single process, pure arithmetic (no torch.distributed).
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,25 @@ def test_search_outputs_check_and_fit(subs, cfg, batch):
         dp_only = Layout(stages=[StageSpec((0, cfg.layers), [RepSpec(f, (r,), batch // 8) for f in facts
                                                              for r in f.ranks])], m=1, node_of=node_of)
         assert not simulate(dp_only, m).fits
+
+
+def test_emulated_2_1_1_at_batch_64_returns_a_placeable_plan():
+    # hal train's plan auto on cuda:2,kunlun:1,ascend:1 at global batch 64 (benchmarks/train_efficiency.py)
+    # died with an IndexError in materialize: a mixed-family shape asked for two tp-2 cuda groups on 2
+    # cuda ranks. Such shapes are now dropped before simulation; the plan found must check and place.
+    from hal.topology import Topology
+    from strategies.models import ModelConfig
+    from strategies.plan import Plan
+    from strategies.planner.convert import to_plan
+    from strategies.planner.cost import ModelFacts
+    from strategies.planner.facts import emulated_chip_facts
+    from strategies.planner.plan_search import search
+    cfg = ModelConfig(**{**ModelConfig.from_toml(Path(__file__).resolve().parent.parent / "examples/models/tiny.toml").model_dump(),
+                         "vocab": 256, "seq": 32})
+    topo = Topology.from_chips(["cuda", "cuda", "kunlun", "ascend"])
+    facts = emulated_chip_facts(topo, 3e5, 2e9, 5e-4, "bfloat16")
+    result = search(facts, ModelFacts(cfg, dtype_bytes=4), 64, node_of={r: topo.node_of(r) for r in range(4)},
+                    max_pp=4)
+    plan = Plan.from_json(to_plan(result.best.layout, cfg.name, "1F1B").to_json())
+    plan.check(topo, cfg)
+    assert plan.global_batch == 64

@@ -516,6 +516,10 @@ def split_candidates(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, 
     return out
 
 
+class OverAllocated(ValueError):
+    """A shape needs more TP groups of a sub-cluster than it has (materialize); never a finalist."""
+
+
 def materialize(shape: Shape, node_of=None, schedule: str = "1F1B") -> Layout:
     """Give a shape its ranks: each kind's TP groups are consecutive ranks of its sub-cluster, taken
     in order by the stages that use that kind (stage order), replicas in the shape's group order."""
@@ -528,6 +532,9 @@ def materialize(shape: Shape, node_of=None, schedule: str = "1F1B") -> Layout:
             for _ in range(g.count):
                 k = used.get(g.facts.name, 0)
                 used[g.facts.name] = k + 1
+                if k >= len(tps):
+                    raise OverAllocated(f"shape asks for TP group {k + 1} of sub-cluster {g.facts.name!r}, which "
+                                        f"has {len(tps)} of tp {g.tp} ({g.facts.size} ranks)")
                 reps.append(RepSpec(g.facts, tps[k], g.mb, g.experts))
         stages.append(StageSpec((a, b), reps, bool(shape.recompute[si]) if shape.recompute else False,
                                 ep=shape.ep if g.experts is not None else None))
@@ -536,9 +543,18 @@ def materialize(shape: Shape, node_of=None, schedule: str = "1F1B") -> Layout:
 
 def _finalize(cands: list[Candidate], model: ModelFacts, keep: int, node_of=None) -> list[Candidate]:
     cands = sorted(cands, key=lambda c: c.estimate_s)[:keep]
+    placed = []
     for c in cands:
-        c.layout = materialize(c.layout, node_of)
+        try:
+            c.layout = materialize(c.layout, node_of)
+        except OverAllocated:
+            # A shape that uses more TP groups of a kind than it has is not a layout: dropped here.
+            # Seen from the mixed family on an emulated 2+1+1 cluster at batch 64 (two cuda groups of
+            # tp 2 on 2 cuda ranks; tests/test_planner_search.py); the generator's cause is not yet found.
+            continue
         c.sim = simulate(c.layout, model)
+        placed.append(c)
+    cands = placed
     return sorted([c for c in cands if c.sim.fits], key=lambda c: c.sim.step_time_s) or cands
 
 
