@@ -67,6 +67,26 @@ def _reset_clock():
         c.reset_stats()
 
 
+def _timed_steps(acc, warmup: int, steps: int, step) -> dict:
+    """Run `step()` warmup + steps times, each timed from a common barrier (the device synchronised on
+    both sides) to its own synchronisation; this rank's wall and charged (busy) seconds per step."""
+    import torch.distributed as dist
+    times, busy = [], []
+    for _ in range(warmup + steps):
+        acc.synchronize()
+        dist.barrier(group=_book)
+        acc.synchronize()
+        _reset_clock()
+        t0 = time.perf_counter()
+        step()
+        acc.synchronize()
+        times.append(time.perf_counter() - t0)
+        st = _clock_stats()
+        busy.append(st["busy_s"] if st else None)
+    return {"chip": acc.chip.name, "times": times[warmup:], "busy": busy[warmup:],
+            "dilation": getattr(acc.runtime, "dilation", 1.0), "clock": _clock_stats()}
+
+
 def w_local_steps(warmup: int, steps: int) -> dict:
     """(a) the same local step on every rank; no collective between the two synchronisations."""
     import torch
@@ -83,49 +103,24 @@ def w_local_steps(warmup: int, steps: int) -> dict:
     g = torch.Generator().manual_seed(1)
     data = torch.randint(0, cfg.vocab, (rows, cfg.seq + 1), generator=g)
     x, y = data[:, :-1], data[:, 1:]
-    times, busy = [], []
-    for i in range(warmup + steps):
-        acc.synchronize()
-        dist.barrier(group=_book)
-        acc.synchronize()
-        _reset_clock()
-        t0 = time.perf_counter()
+
+    def step():
         loss = lm_loss_sum(net(x), y) / y.numel()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        acc.synchronize()
-        times.append(time.perf_counter() - t0)
-        st = _clock_stats()
-        busy.append(st["busy_s"] if st else None)
-    return {"chip": acc.chip.name, "times": times[warmup:], "busy": busy[warmup:],
-            "dilation": getattr(acc.runtime, "dilation", 1.0), "clock": _clock_stats(),
-            "cpu_s": time.process_time()}
+    return {**_timed_steps(acc, warmup, steps, step), "cpu_s": time.process_time()}
 
 
 def w_matmul_steps(warmup: int, steps: int, n: int) -> dict:
     """(a') a compute-bound step: one n x n x n matmul (at n = 1024, 2n^3 / 12 n^2 bytes = 171 FLOP per
     byte, above both chips' bf16 FLOP/s / bytes/s: 133 for H100, 100 for 910B2)."""
     import torch
-    import torch.distributed as dist
 
     import hal
     acc = hal.accelerator()
     a, b = torch.randn(n, n), torch.randn(n, n)
-    times, busy = [], []
-    for i in range(warmup + steps):
-        acc.synchronize()
-        dist.barrier(group=_book)
-        acc.synchronize()
-        _reset_clock()
-        t0 = time.perf_counter()
-        a @ b
-        acc.synchronize()
-        times.append(time.perf_counter() - t0)
-        st = _clock_stats()
-        busy.append(st["busy_s"] if st else None)
-    return {"chip": acc.chip.name, "times": times[warmup:], "busy": busy[warmup:],
-            "dilation": getattr(acc.runtime, "dilation", 1.0), "clock": _clock_stats()}
+    return _timed_steps(acc, warmup, steps, lambda: a @ b)
 
 
 def w_train_steps(warmup: int, steps: int) -> dict:

@@ -94,12 +94,17 @@ def load_inputs(args: argparse.Namespace):
     return topo, cfg, facts, node_of
 
 
-def run(args: argparse.Namespace) -> int:
+def run_reporting(prog: str, body, args: argparse.Namespace) -> int:
+    """`body(args)`, with a CliError printed as `prog: error: ...` and exit code 2 (hal plan, simulate)."""
     try:
-        return _run(args)
+        return body(args)
     except CliError as exc:
-        print(f"hal plan: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_reporting("hal plan", _run, args)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-from commands.plan import CliError, _out_path, load_inputs
+from commands.plan import CliError, _out_path, load_inputs, run_reporting
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,11 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except CliError as exc:
-        print(f"hal simulate: error: {exc}", file=sys.stderr)
-        return 2
+    return run_reporting("hal simulate", _run, args)
 
 
 def _run(args: argparse.Namespace) -> int:
