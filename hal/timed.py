@@ -35,7 +35,12 @@ host's time), else host-only work (`host_gap_s`). Soft synchronisation (`.item()
 A collective's completion is real: the Work it returned notes when it completes (its future's
 callback), and then `device_t = max(device_t, completion)`: an async all_reduce overlaps the
 device's later work, a recv's data arrives when the sender sent it (the host's `Work.wait()` is
-not an op, so no dispatch mode sees it; the completion time stands in for it). The time `scale`
+not an op, so no dispatch mode sees it; the completion time stands in for it). When a completion
+moves the timeline forward, the device sat idle waiting for it: that idle time is counted by the
+kind of op that completed (`stats()["wait_p2p_s"]`: point-to-point send/recv, e.g. a pipeline
+stage waiting for its neighbour; `stats()["wait_collective_s"]`: every other collective, waiting
+for the data and for the slowest peer), so a step splits into compute (`busy_s`), these waits, and
+the host's own time. The time `scale`
 makes the emulated chip slower than the host really is (a tiny model's step on an H100 takes
 microseconds), so that the host stays ahead.
 
@@ -105,6 +110,8 @@ def record_ops(fn: Callable[[], Any]) -> list[tuple[str, int, int]]:
 _SYNC = {aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default}
 _COMM_NAMESPACES = {"c10d", "_c10d_functional", "c10d_functional"}
 _WAITS = {"wait_tensor"}  # functional collectives' completion: real, not charged
+# point-to-point ops (c10d op names; a Python process group's method names): their waits are "p2p"
+_P2P = {"send", "recv_", "recv_any_source_", "recv", "recv_anysource"}
 
 
 # ---- the clock --------------------------------------------------------------------------------------
@@ -120,7 +127,7 @@ class VirtualClock:
         # record=True keeps (op, flops, bytes) of every charged op: `trace_cost` prices it at any speeds
         self.trace: Optional[list[tuple[str, int, int]]] = [] if record else None
         self._now, self._sleep = now, sleep
-        self._pending: list = []  # Works of collectives not yet seen completed
+        self._pending: list = []  # (Work or None, completion box, kind) of collectives not yet seen completed
         self._warned = False
         # None until the first charged op: the device is idle from its creation until the host gives
         # it work (the process's start-up is not an overrun).
@@ -216,16 +223,17 @@ class VirtualClock:
         if not soft:
             self._hard_start = now
 
-    def completed(self) -> None:
+    def completed(self, kind: str = "collective") -> None:
         """A real event the host waited for (a functional collective's `wait_tensor`) just finished:
         the device cannot be earlier than now."""
-        self._advance_to(self._now())
+        self._advance_to(self._now(), kind)
 
-    def issued(self, works: list) -> None:
+    def issued(self, works: list, kind: str = "collective") -> None:
         """A collective or point-to-point op was issued and returned `works`: when each completes
         (its future's callback notes the time; without a future, the first poll that sees it
         completed), the device cannot be earlier than that: a recv's data, an all_reduce's sum are
-        there only then. Until then the device goes on with what the host issues (overlap)."""
+        there only then. Until then the device goes on with what the host issues (overlap).
+        `kind` ("p2p" or "collective") names what the device waits for when a completion moves it."""
         for w in works:
             box: list = []
             try:
@@ -235,27 +243,30 @@ class VirtualClock:
             # Keep the Work only when it must be polled: a held Work keeps its process group alive
             # past destroy_process_group, to be torn down at interpreter exit, where a fabric's
             # worker thread can be destroyed unjoined ("terminate called without an active exception")
-            self._pending.append((w if box is None else None, box))
+            self._pending.append((w if box is None else None, box, kind))
 
-    def _advance_to(self, t: float) -> None:
+    def _advance_to(self, t: float, kind: str = "") -> None:
         if self.device_t is None or t > self.device_t:
+            if self.device_t is not None and kind:  # the device sat idle until this completion
+                self._waits[kind] = self._waits.get(kind, 0.0) + (t - self.device_t)
             self._mark(t)
 
     def _poll(self) -> None:
         if self._pending:
-            left, latest = [], None
-            for w, box in self._pending:
+            left, latest, kind = [], None, ""
+            for w, box, k in self._pending:
                 if box:
                     t = box[0]
                 elif box is None and _work_done(w):
                     t = self._now()
                 else:
-                    left.append((w, box))
+                    left.append((w, box, k))
                     continue
-                latest = t if latest is None else max(latest, t)
+                if latest is None or t > latest:
+                    latest, kind = t, k
             self._pending = left
             if latest is not None:
-                self._advance_to(latest)
+                self._advance_to(latest, kind)
 
     def _overrun(self, late: float) -> None:
         self._overruns += 1
@@ -278,18 +289,22 @@ class VirtualClock:
         timeline did not take: see `sync(soft=True)`), max_host_fraction (between two hard synchronisations
         at least MIN_FRACTION_INTERVAL_S apart on the device, e.g. the steps of a loop that calls
         synchronize() per step: when the host got there / when the device did, both from the first;
-        below 1: the host stayed ahead, by that factor),
+        below 1: the host stayed ahead, by that factor), wait_p2p_s / wait_collective_s (device idle
+        until a point-to-point op / another collective completed: see `issued`),
         and what the clock charges at (chip, dtype, scale, speeds and their source)."""
         return {"busy_s": self._busy, "overrun_count": self._overruns, "overrun_s": self._overrun_s,
                 "ops": self._ops, "flops": self._flops, "bytes": self._bytes, "slept_s": self._slept,
                 "syncs": self._syncs, "host_gap_s": self._host_gap_s, "max_host_fraction": self._host_fraction,
-                "soft_late_s": self._soft_late_s, "chip": self.chip, "dtype": self.dtype, "scale": self.scale,
+                "soft_late_s": self._soft_late_s, "wait_p2p_s": self._waits.get("p2p", 0.0),
+                "wait_collective_s": self._waits.get("collective", 0.0),
+                "chip": self.chip, "dtype": self.dtype, "scale": self.scale,
                 "flops_per_s": self.speeds.flops_per_s, "bytes_per_s": self.speeds.bytes_per_s,
                 "source": self.speeds.source}
 
     def reset_stats(self) -> None:
         self._busy = self._overrun_s = self._slept = self._host_gap_s = self._host_fraction = 0.0
         self._soft_late_s = 0.0
+        self._waits: dict[str, float] = {}
         self._overruns = self._ops = self._syncs = 0
         self._flops = self._bytes = 0
 
@@ -351,13 +366,13 @@ class TimedMode(TorchDispatchMode):
         if ns in _COMM_NAMESPACES:
             if func._opname in _WAITS:
                 out = func(*args, **kwargs)
-                clock.completed()
+                clock.completed("collective")
                 return out
             # the data the collective sends is ready when the device gets there; a host that is late
             # starts it late, and its completion (real) carries that into the timeline if it must
             clock.sync(soft=True)
             out = func(*args, **kwargs)
-            clock.issued(_works_in(out))
+            clock.issued(_works_in(out), "p2p" if func._opname in _P2P else "collective")
             return out
         if func in _SYNC:
             clock.sync(soft=True)
@@ -422,13 +437,15 @@ PG_METHODS = ("allreduce", "allreduce_coalesced", "allgather", "allgather_coales
 
 
 def _timed_method(fn: Callable) -> Callable:
+    kind = "p2p" if fn.__name__ in _P2P else "collective"
+
     def call(self, *args, **kwargs):
         clock = _thread_clock()
         if clock is None:  # not the emulated chip's thread (the group's own executor, another rank's test)
             return fn(self, *args, **kwargs)
         clock.sync(soft=True)
         work = fn(self, *args, **kwargs)
-        clock.issued([work] if work is not None else [])
+        clock.issued([work] if work is not None else [], kind)
         return work
     call.__name__, call.__qualname__, call.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
     call.__wrapped__ = fn  # type: ignore[attr-defined]

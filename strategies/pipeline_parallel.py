@@ -29,6 +29,7 @@ users (tests/test_bridge_strategies.py).
 """
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Callable, Optional, Sequence
 
@@ -165,6 +166,9 @@ class HeteroPipeline:
                                     f"rows [{lo}, {hi})")
         self.hooks = _DataParallelHooks(module)
         self.world = mesh.world
+        # wall seconds this rank's thread spent blocked receiving from a neighbouring stage (its pipeline
+        # bubble as the host sees it; hal train's metrics read it when timed emulation is off)
+        self.recv_wait_s = 0.0
 
     def _recv(self, pieces, m: int, tag: int) -> torch.Tensor:
         lo = self.role.rows[0]
@@ -174,10 +178,12 @@ class HeteroPipeline:
             buf = torch.empty((p.end - p.start, *self.feature_shape), dtype=self.dtype, device=self.device)
             works.append(dist.irecv(buf, src=p.src, group=self.world, tag=tag))
             bufs.append(buf)
+        t0 = time.perf_counter()
         for w, p in zip(works, pieces):
             if not w.wait():
                 raise PipelineError(f"rank {self.mesh.rank} stage {self.role.stage}: receiving micro-batch "
                                     f"{m} rows from rank {p.src} failed (tag {tag})")
+        self.recv_wait_s += time.perf_counter() - t0
         assert sum(b.shape[0] for b in bufs) == self.role.rows[1] - lo
         return torch.cat(bufs) if len(bufs) > 1 else bufs[0]  # (rows, *feature_shape)
 

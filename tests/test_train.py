@@ -2,8 +2,10 @@
 of (seed, step) and the plan's rows cover each global batch once; on an emulated 2 cuda + 2 ascend
 cluster (every chip EMULATED on CPU, training collectives over the `hetero` bridge) a short run of
 the tiny GPT on the Python standard library lowers validation loss well below uniform bytes
-(ln 256 = 5.55 nats), a repeat with the same seed and plan is bit-identical, and stopping at step k
-then resuming from the DCP checkpoint gives bitwise the parameters of an uninterrupted run."""
+(ln 256 = 5.55 nats), a repeat with the same seed and plan is bit-identical (every rank's final
+parameters, SHA-256 over their bytes, and the loss trace; the GPT with PP x DP and the MoE with EP, here
+on 2+2, and on 2+1+1 in tests/test_trainer_metrics.py), and stopping at step k then resuming from the
+DCP checkpoint gives bitwise the parameters of an uninterrupted run."""
 from __future__ import annotations
 
 import json
@@ -124,10 +126,15 @@ def test_train_lowers_loss_repeats_bitwise_and_resumes_bitwise(pool, tmp_path):
     assert [r["digest"] for r in c2] == [r["digest"] for r in a]
 
 
-def test_train_moe_with_expert_parallel_lowers_loss(pool, tmp_path):
+def test_train_moe_with_expert_parallel_lowers_loss_and_repeats_bitwise(pool, tmp_path):
     moe = {"path": str(ROOT / "examples/models/tiny-moe.toml"), "overrides": {"vocab": 256, "seq": 32}}
-    out = _run(pool, _config(tmp_path / "moe", model=moe, plan={"source": "even", "ep": True},
-                             checkpoint={"enabled": False}))
+
+    def cfg(name):
+        return _config(tmp_path / name, model=moe, plan={"source": "even", "ep": True}, checkpoint={"enabled": False})
+    out = _run(pool, cfg("moe"))
     val = out[0]["final_val_loss"]
     assert val < math.log(256) - 1.0, f"MoE validation loss {val:.3f} not well below ln 256"
     assert len({r["digest"] for r in out}) == 4  # each EP rank holds different experts
+    again = _run(pool, cfg("moe2"))  # the same seed and plan: bit-identical final parameters and losses
+    assert [r["digest"] for r in again] == [r["digest"] for r in out]
+    assert [r["losses"] for r in again] == [r["losses"] for r in out]

@@ -2,8 +2,12 @@
 formula, the config a --measure-parts run writes reads back as the same config, efficiency from the
 parts' summaries, the PNG plots; and on an emulated 2 cuda + 1 kunlun + 1 ascend cluster (every chip
 EMULATED on CPU, collectives over the `hetero` bridge): the GPT and the MoE model lower validation
-loss well below ln 256, the MoE run repeats bit-identically, every step's JSONL record carries the
-per-rank and per-chip figures, and step 1's gradient norm equals the single-process model's."""
+loss well below ln 256, both runs repeat bit-identically (final parameters, loss trace), every step's
+JSONL record carries the per-rank and per-chip figures, and step 1's gradient norm equals the
+single-process model's. The step's split into compute / communication / pipeline bubble is MEASURED
+(hal.timed's timeline attributes the chip's idle time to the p2p op or collective it waited for; a
+fake clock checks that), and a short TIMED run shows it: a 2-stage pipeline has a bubble on every
+rank, pure DP has none and spends time in communication."""
 from __future__ import annotations
 
 import json
@@ -15,9 +19,9 @@ import torch
 
 from hal.testing import WorkerPool
 from trainer.config import TrainConfig
-from trainer.metrics import bubble_estimate, read_metrics, work_shares
+from trainer.metrics import bubble_estimate, read_metrics, split_step, work_shares
 
-from . import _metrics_cases
+from . import _metrics_cases, _split_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 EMULATE = "cuda:2,kunlun:1,ascend:1"
@@ -92,12 +96,13 @@ def test_plots_written(tmp_path):
     with open(tmp_path / "metrics.jsonl", "w") as f:
         for s in range(1, 6):
             rec = {"step": s, "loss": 5.0 - s * 0.1, "tokens_per_s": 100.0, "rank_step_s": [0.1, 0.2],
-                   "rank_compute_s": [0.05, 0.15], "tokens_per_s_chip": {"cuda": 60.0, "ascend": 40.0}}
+                   "rank_compute_s": [0.05, 0.15], "tokens_per_s_chip": {"cuda": 60.0, "ascend": 40.0},
+                   "rank_bubble_s": [0.02, 0.0], "rank_comm_s": [0.02, 0.05], "rank_other_s": [0.01, 0.0]}
             if s == 5:
                 rec["val_loss"] = 4.6
             f.write(json.dumps(rec) + "\n")
     out = plot_run(tmp_path, ["cuda", "ascend"])
-    assert [p.name for p in out] == ["loss.png", "rank_step_time.png", "tokens_per_chip.png"]
+    assert [p.name for p in out] == ["loss.png", "rank_step_time.png", "tokens_per_chip.png", "rank_time_split.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in out)
 
 
@@ -148,8 +153,12 @@ def test_gpt_on_2_1_1_metrics_and_grad_norm(pool, tmp_path):
     assert [r["step"] for r in recs] == list(range(1, STEPS + 1))
     r = recs[-1]
     for key in ("loss", "grad_norm", "lr", "tokens_per_s", "rank_step_s", "rank_compute_s", "rank_wait_s",
-                "rank_wait_share", "bubble_est", "comm_share_est", "tokens_per_s_chip", "mfu_chip"):
+                "rank_wait_share", "bubble_est", "rank_bubble_s", "rank_comm_s", "rank_other_s",
+                "rank_compute_share", "rank_comm_share", "rank_bubble_share", "tokens_per_s_chip", "mfu_chip"):
         assert key in r, key
+    # untimed: the host's view; every rank of a 2-stage pipeline blocks in receives (HeteroPipeline)
+    assert all(sum(x["rank_bubble_s"][i] for x in recs) > 0 for i in range(4))
+    assert all(x["rank_comm_s"][i] is not None and x["rank_comm_s"][i] >= 0 for x in recs for i in range(4))
     assert len(r["rank_step_s"]) == 4 and set(r["tokens_per_s_chip"]) == {"cuda", "kunlun", "ascend"}
     assert sum(r["tokens_per_s_chip"].values()) == pytest.approx(r["tokens_per_s"])
     assert r["bubble_est"] == pytest.approx(1 / 3)  # 2 stages, 2 micro-batches: (p-1)/(m+p-1)
@@ -158,7 +167,14 @@ def test_gpt_on_2_1_1_metrics_and_grad_norm(pool, tmp_path):
     assert [c["chip"] for c in s["chips"]] == CHIPS and s["final_val_loss"] == val
     assert s["efficiency"] is None and "efficiency_note" in s and "even_efficiency" in s
     assert s["timed_emulation"] is False and "says nothing about the chip" in s["mfu_peaks"]["cuda"]["used"]
-    assert all((tmp_path / "gpt" / n).is_file() for n in ("loss.png", "rank_step_time.png", "tokens_per_chip.png"))
+    assert all((tmp_path / "gpt" / n).is_file()
+               for n in ("loss.png", "rank_step_time.png", "tokens_per_chip.png", "rank_time_split.png"))
+    assert len(s["rank_bubble_share_median"]) == 4 and "blocked in pipeline receives" in s["split_measure"]
+    # the same seed and plan again: bit-identical (final parameters of every rank, loss trace, grad norms)
+    again = _run(pool, _config(tmp_path / "gpt2", plan={"source": "even", "pp": 2, "num_microbatches": 2}))
+    assert [x["digest"] for x in again] == [x["digest"] for x in out] and len({x["digest"] for x in out}) == 2
+    assert [x["losses"] for x in again] == [x["losses"] for x in out]
+    assert [x["grad_norm"] for x in read_metrics(tmp_path / "gpt2" / "metrics.jsonl")] == [x["grad_norm"] for x in recs]
 
 
 def test_moe_on_2_1_1_lowers_loss_and_repeats_bitwise(pool, tmp_path):
@@ -171,3 +187,90 @@ def test_moe_on_2_1_1_lowers_loss_and_repeats_bitwise(pool, tmp_path):
     assert [r["digest"] for r in b] == [r["digest"] for r in a]
     ga = [x["grad_norm"] for x in read_metrics(tmp_path / "a" / "metrics.jsonl")]
     assert ga == [x["grad_norm"] for x in read_metrics(tmp_path / "b" / "metrics.jsonl")]
+    # no pipeline: no rank ever blocks in a pipeline receive
+    assert all(x["rank_bubble_s"] == [0.0] * 4 for x in read_metrics(tmp_path / "a" / "metrics.jsonl"))
+
+
+def test_clock_attributes_idle_time_to_what_the_chip_waited_for():
+    """hal.timed: a completion that moves the timeline forward counts the chip's idle time by the kind
+    of op (a fake clock: nothing sleeps); the Python process group wrappers tag send/recv as p2p."""
+    from types import SimpleNamespace
+
+    from hal.timed import Speeds, VirtualClock, timed, watch_process_group_class
+    t = [0.0]
+    clock = VirtualClock("x", Speeds(1e9, 1e12, "test"), now=lambda: t[0],
+                         sleep=lambda d: t.__setitem__(0, t[0] + d))
+
+    def work():
+        fut = torch.futures.Future()
+        return fut, SimpleNamespace(get_future=lambda: fut)
+    clock.charge(1e9, 0)  # 1 s of compute: the device is busy until t = 1
+    f1, w1 = work()
+    clock.issued([w1], "p2p")
+    t[0] = 3.0
+    f1.set_result(None)  # the neighbour's data arrives at t = 3: idle 1 -> 3
+    assert clock.device_time() == 3.0
+    clock.charge(1e9, 0)  # device until 4
+    f2, w2 = work()
+    clock.issued([w2], "collective")
+    f2.set_result(None)  # completes at t = 3, before the device got there: no idle time
+    t[0] = 5.5
+    f3, w3 = work()
+    clock.issued([w3])
+    t[0] = 6.0
+    f3.set_result(None)  # an all_reduce done at t = 6: idle 4 -> 6
+    clock.sync()
+    st = clock.stats()
+    assert st["busy_s"] == pytest.approx(2.0)
+    assert st["wait_p2p_s"] == pytest.approx(2.0) and st["wait_collective_s"] == pytest.approx(2.0)
+
+    class FakeGroup:  # a Python process group's methods, as watch_process_group_class wraps them
+        def recv(self, tensors, src, tag):
+            return w4
+
+        def allreduce(self, tensors, opts=None):
+            return w5
+    watch_process_group_class(FakeGroup)
+    f4, w4 = work()
+    f5, w5 = work()
+    with timed(clock):
+        FakeGroup().recv([], 0, 0)
+        FakeGroup().allreduce([])
+    assert [k for _, _, k in clock._pending] == ["p2p", "collective"]
+
+
+def test_split_step():
+    sp = split_step(2.0, 1.0, 0.5, 0.25)
+    assert sp["compute_share"] == 0.5 and sp["bubble_share"] == 0.25 and sp["comm_share"] == 0.125
+    assert sp["other_s"] == pytest.approx(0.25)
+    assert split_step(1.0, 1.5, None, None) == {"compute_s": 1.0, "bubble_s": None, "comm_s": None, "other_s": None,
+                                                "compute_share": 1.0, "bubble_share": None, "comm_share": None}
+
+
+def test_timed_split_bubble_with_pipeline_none_without(pool, tmp_path):
+    """Timed emulation (chips EMULATED at their catalog speeds / time scale): a 2-stage pipeline
+    (cuda ranks 0,1 | kunlun 2, ascend 3, 2 micro-batches) idles every rank at the stage boundary;
+    pure DP over the 4 ranks has no p2p op at all, and waits in its gradient all_reduce."""
+    short = {"steps": 6, "log": {"dir": "", "val_interval": 0, "val_batches": 1}}
+
+    def cfg(name, plan):
+        c = _config(tmp_path / name, plan=plan, **{k: v for k, v in short.items() if k != "log"})
+        c["log"] = {**short["log"], "dir": str(tmp_path / name)}
+        return c
+    pool.run(_split_cases.run_timed, cfg("pp", {"source": "even", "pp": 2, "num_microbatches": 2}), "4e4",
+             timeout=240)
+    pool.run(_split_cases.run_timed, cfg("dp", {"source": "even"}), "4e4", timeout=240)
+    pp = json.loads((tmp_path / "pp" / "summary.json").read_text())
+    dp = json.loads((tmp_path / "dp" / "summary.json").read_text())
+    assert pp["timed_emulation"] is True and dp["timed_emulation"] is True
+    assert "virtual timeline" in pp["split_measure"]
+    # every rank idles at the stage boundary; the fast stage (cuda) waits for the slower one most
+    bubble = pp["rank_bubble_share_median"]
+    assert all(b > 0 for b in bubble) and max(bubble[:2]) > 0.2 and min(bubble[:2]) > max(bubble[2:]), bubble
+    assert all(x["rank_bubble_s"] == [0.0] * 4 for x in read_metrics(tmp_path / "dp" / "metrics.jsonl"))
+    assert all(c > 0 for c in dp["rank_comm_s_median"]), dp["rank_comm_s_median"]
+    for name in ("pp", "dp"):  # the parts are disjoint spans of the chip's timeline: they fit in the step
+        for x in read_metrics(tmp_path / name / "metrics.jsonl"):
+            for i in range(4):
+                parts = x["rank_compute_s"][i] + x["rank_comm_s"][i] + x["rank_bubble_s"][i]
+                assert parts <= x["rank_step_s"][i] * 1.05 + 2e-3, (name, x["step"], i)

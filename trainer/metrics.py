@@ -11,9 +11,22 @@ What is MEASURED on every rank, every step (gathered on the bookkeeping gloo gro
   - `device_s`: under timed emulation the chip's own time (`busy_s` alone), what the slow-node detector
     reads; otherwise the thread CPU time;
   - `wait_s = step_s - compute_s`: time in collectives and waiting for peers (pipeline bubble
-    included). Measured as that remainder: the bridge exposes no per-collective timers, so the split
-    of the wait into communication and bubble is NOT measured; `bubble_est` is the 1F1B formula
-    (p-1)/(m+p-1) of the plan and `comm_share_est` is the measured wait share minus it (an estimate).
+    included), as that remainder;
+  - the step split apart (`rank_bubble_s`, `rank_comm_s`, `rank_compute_s`, `rank_other_s`, and each
+    as a share of the rank's step), MEASURED, not derived from a formula:
+      under timed emulation, on the chip's virtual timeline (hal.timed): `bubble_s` = the time the
+      emulated chip sat idle until a point-to-point receive/send completed (a pipeline stage waiting
+      for its neighbour's activations or gradients; `wait_p2p_s`), `comm_s` = idle until any other
+      collective completed (DP gradient all_reduce / reduce-scatter, TP and EP collectives, the
+      step's loss and grad-norm reductions; `wait_collective_s`: the transfer itself and waiting for
+      the slowest peer to arrive), `compute_s` as above, `other_s` = the rest (the host's own time:
+      Python between ops, data);
+      without timed emulation, from the host: `bubble_s` = wall time the training thread was blocked
+      in pipeline receives (HeteroPipeline.recv_wait_s; null on torch's pipelining schedules, which
+      wait inside torch), `comm_s` = the rest of the time the thread was off its CPU (blocked in
+      collectives, waiting for peers, and, on an oversubscribed host such as this 2-core one with
+      emulated ranks, waiting for a core), `compute_s` = its CPU time;
+    `bubble_est` is the 1F1B formula (p-1)/(m+p-1) of the plan, an ESTIMATE kept to compare with.
   - under timed emulation also the FLOPs and bytes the clock charged (hal.timed's counters), which the
     slow-node detector turns into each rank's expected time (trainer.slow_node).
 
@@ -170,7 +183,23 @@ class Display:
 
 
 # ---- the run's metrics ---------------------------------------------------------------------------
-_FIELDS = 8  # per rank: step_s, compute_s, thread cpu s, clock flops, clock bytes, overruns, overrun_s, device s
+# per rank: step_s, compute_s, thread cpu s, clock flops, clock bytes, overruns, overrun_s, device s,
+# bubble_s, comm_s (NaN: not measured)
+_FIELDS = 10
+
+
+def split_step(step_s: float, compute_s: float, bubble_s: Optional[float], comm_s: Optional[float]) -> dict:
+    """One rank's step split into compute, pipeline bubble, communication and the rest (seconds and
+    shares of its step; None where not measured). compute_s is capped at the step; the rest is never
+    negative (the parts are measured independently and can overlap by a clock's jitter)."""
+    compute_s = min(compute_s, step_s)
+    known = [x for x in (bubble_s, comm_s) if x is not None]
+    other = max(0.0, step_s - compute_s - sum(known)) if len(known) == 2 else None
+
+    def share(x: Optional[float]) -> Optional[float]:
+        return None if x is None else (x / step_s if step_s > 0 else 0.0)
+    return {"compute_s": compute_s, "bubble_s": bubble_s, "comm_s": comm_s, "other_s": other,
+            "compute_share": share(compute_s), "bubble_share": share(bubble_s), "comm_share": share(comm_s)}
 
 
 class RunMetrics:
@@ -222,7 +251,8 @@ class RunMetrics:
     # -- per step ---------------------------------------------------------------------------------
     def _sample(self) -> tuple:
         st = self.clock.stats() if self.clock is not None else None
-        return (time.perf_counter(), time.thread_time(), st)
+        recv = getattr(self.run.runtime, "recv_wait_s", None) if self.run.runtime is not None else 0.0
+        return (time.perf_counter(), time.thread_time(), st, recv)
 
     def begin(self) -> None:
         if self.clock is not None:
@@ -235,13 +265,20 @@ class RunMetrics:
         if self.clock is not None:
             self.clock.sync()  # the step ends when this chip's last op would have
         t1 = self._sample()
-        (w0, c0, s0), (w1, c1, s1) = self._t0, t1
-        mine = [w1 - w0, c1 - c0, c1 - c0, 0.0, 0.0, 0.0, 0.0, c1 - c0]
+        (w0, c0, s0, r0), (w1, c1, s1, r1) = self._t0, t1
+        nan = float("nan")
+        mine = [w1 - w0, c1 - c0, c1 - c0, 0.0, 0.0, 0.0, 0.0, c1 - c0, nan, nan]
         if s0 is not None:
             mine[7] = s1["busy_s"] - s0["busy_s"]  # the emulated chip's own time (its ops at its speed)
             mine[1] = mine[7] + (s1["overrun_s"] - s0["overrun_s"])
             mine[3], mine[4] = s1["flops"] - s0["flops"], s1["bytes"] - s0["bytes"]
             mine[5], mine[6] = s1["overrun_count"] - s0["overrun_count"], s1["overrun_s"] - s0["overrun_s"]
+            # the chip's idle time until a p2p op / another collective completed (hal.timed's timeline)
+            mine[8] = s1.get("wait_p2p_s", nan) - s0.get("wait_p2p_s", nan)
+            mine[9] = s1.get("wait_collective_s", nan) - s0.get("wait_collective_s", nan)
+        elif r0 is not None:  # the host's view: blocked in pipeline receives; the rest off-CPU is comm
+            mine[8] = r1 - r0
+            mine[9] = max(0.0, mine[0] - mine[1] - mine[8])
         parts = [torch.zeros(_FIELDS, dtype=torch.float64) for _ in range(self.world)]
         dist.all_gather(parts, torch.tensor(mine, dtype=torch.float64), group=self.book)
         rows = [p.tolist() for p in parts]
@@ -255,7 +292,9 @@ class RunMetrics:
                                "rank_device_s": [r[7] for r in rows],
                                "rank_wait_share": [w / s if s > 0 else 0.0 for w, s in zip(wait_s, step_s)],
                                "bubble_est": self.bubble, "time": time.time()}
-        rec["comm_share_est"] = [max(0.0, x - self.bubble) for x in rec["rank_wait_share"]]
+        splits = [split_step(r[0], r[1], *(None if math.isnan(x) else x for x in r[8:10])) for r in rows]
+        for key in ("bubble_s", "comm_s", "other_s", "compute_share", "bubble_share", "comm_share"):
+            rec[f"rank_{key}"] = [sp[key] for sp in splits]
         per_chip: dict[str, dict] = {}
         for r, chip in enumerate(self.chips):
             d = per_chip.setdefault(chip, {"share": 0.0, "peak": 0.0})
@@ -312,7 +351,6 @@ class RunMetrics:
                                 for k in (steady[0]["mfu_chip"] if steady else {})},
             "rank_step_s_median": [med([r["rank_step_s"][i] for r in steady]) for i in range(self.world)],
             "rank_device_s_median": [med([r["rank_device_s"][i] for r in steady]) for i in range(self.world)],
-            "rank_compute_s_median": [med([r["rank_compute_s"][i] for r in steady]) for i in range(self.world)],
             "rank_wait_share_median": [med([r["rank_wait_share"][i] for r in steady]) for i in range(self.world)],
             "bubble_est": self.bubble, "steps_measured": len(steady), "steps_skipped": skip,
             "timed_emulation": self.timed,
@@ -325,9 +363,20 @@ class RunMetrics:
                                        f"speed, so this MFU says nothing about the chip")}
                           for c, i in zip(self.chips, self.info)},
             "work_shares": self.shares,
+            "split_measure": ("hal.timed virtual timeline: bubble = chip idle until p2p ops completed, comm = "
+                              "idle until other collectives completed" if self.timed else
+                              "host: bubble = training thread blocked in pipeline receives, comm = the rest "
+                              "of its off-CPU time (collectives, peers, and CPU contention)"),
             "slow_nodes": self.detector.findings(),
             "throttled": [{"rank": r, "factor": i["throttle"]} for r, i in enumerate(self.info) if i["throttle"]],
         }
+        for key in ("compute", "bubble", "comm", "other"):  # each rank's median split of its step
+            for unit in ("s", "share"):
+                if key == "other" and unit == "share":
+                    continue
+                field = f"rank_{key}_{unit}"
+                out[f"{field}_median"] = [med([r[field][i] for r in steady if len(r.get(field) or ()) > i
+                                               and r[field][i] is not None]) for i in range(self.world)]
         if self.timed:
             out["overruns"] = sum(sum(r.get("rank_overruns", [0])) for r in recs)
             out["overrun_share"] = (sum(sum(r.get("rank_overrun_s", [0.0])) for r in steady)

@@ -17,8 +17,11 @@ Then the main run. At its end rank 0 computes (trainer.loop -> `efficiency`):
 with tokens/s the median over the measured steps after the first `efficiency.skip`. The parts' figures
 are only comparable with timed emulation (HAL_EMULATE_TIMED / cluster.timed): without it every
 emulated chip runs at the host CPU's speed, and a part alone has the CPU cores to itself - the run says
-so next to the figures. Sub-clusters come from the emulate map (`cluster.emulate` or HAL_EMULATE); a
-cluster spec file is not split into parts yet.
+so next to the figures. Sub-clusters come from the cluster the main run trains on, in the order
+commands/train.py picks it: `cluster.emulate` (an emulate map: one part per chip kind, `cuda:2`), else
+`cluster.spec` (a cluster spec TOML, hal.cluster: one part per `[[sub_clusters]]` entry, each written
+as its own one-sub-cluster spec `<run dir>/parts/<name>/cluster.toml`, its model, bandwidths and
+emulate flag kept, `colocate` dropped: it is alone on its node), else HAL_EMULATE, else HAL_CLUSTER.
 """
 from __future__ import annotations
 
@@ -63,30 +66,79 @@ def to_toml(data: dict) -> str:
 
 # ---- the parts -----------------------------------------------------------------------------------
 def emulate_map(cfg) -> str:
-    text = cfg.cluster.emulate or os.environ.get("HAL_EMULATE", "")
+    text = cfg.cluster.emulate or ("" if cfg.cluster.spec else os.environ.get("HAL_EMULATE", ""))
     if not text.strip():
-        raise PartsError(f"cluster.emulate = {cfg.cluster.emulate!r} and HAL_EMULATE is unset: --measure-parts "
-                         f"splits an emulate map (e.g. 'cuda:2,ascend:2') into its sub-clusters; a cluster spec "
-                         f"is not split yet")
+        raise PartsError(f"cluster.emulate = {cfg.cluster.emulate!r}, cluster.spec = {cfg.cluster.spec!r} and "
+                         f"HAL_EMULATE / HAL_CLUSTER are unset: --measure-parts splits the cluster (an emulate map "
+                         f"such as 'cuda:2,ascend:2', or a cluster spec file) into its sub-clusters")
     return text
 
 
+def cluster_spec_path(cfg) -> Optional[Path]:
+    """The cluster spec file the run trains on, when its cluster is a spec (cluster.spec, or HAL_CLUSTER
+    with no emulate map anywhere), else None."""
+    if cfg.cluster.emulate:
+        return None
+    if cfg.cluster.spec:
+        return cfg.resolve(cfg.cluster.spec)
+    if not os.environ.get("HAL_EMULATE", "").strip() and os.environ.get("HAL_CLUSTER", "").strip():
+        return Path(os.environ["HAL_CLUSTER"]).resolve()
+    return None
+
+
+def spec_toml(spec, subs: list) -> str:
+    """A cluster spec TOML (hal.cluster's format) of `subs` (SubCluster) under `spec`'s name."""
+    lines = [f"name = {_value(spec.name)}",
+             f"description = {_value(f'--measure-parts: ' + ', '.join(x.name for x in subs) + ' of ' + (spec.source or spec.name))}"]
+    for i, sub in enumerate(subs):
+        lines.append("\n[[sub_clusters]]")
+        for k, v in sub.model_dump().items():
+            if k == "colocate" and i == 0:
+                v = False  # alone: the first sub-cluster has no node before it to share
+            if v is not None:
+                lines.append(f"{k} = {_value(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def spec_parts(cfg) -> list[tuple[str, str, int]]:
+    """(part name, one-sub-cluster spec TOML, ranks) of every sub-cluster of the run's cluster spec; []
+    when the cluster is an emulate map."""
+    path = cluster_spec_path(cfg)
+    if path is None:
+        return []
+    from hal.cluster import load_cluster_spec
+    spec = load_cluster_spec(path)  # ClusterSpecError names the file, line and field
+    return [(f"{sub.name}-{sub.world_size}", spec_toml(spec, [sub]), sub.world_size) for sub in spec.sub_clusters]
+
+
 def part_configs(cfg) -> list[tuple[str, dict]]:
-    """(name, config dict) of every measurement --measure-parts makes before the main run."""
+    """(name, config dict) of every measurement --measure-parts makes before the main run. A part of a
+    cluster spec names its own spec file (`cluster.spec`), which `measure` writes from `spec_parts`."""
     from hal.emulation import parse_emulate_map
-    text = emulate_map(cfg)
-    items = parse_emulate_map(text)
-    if any(n is None for _, n in items):
-        raise PartsError(f"HAL_EMULATE / cluster.emulate = {text!r}: --measure-parts needs counts (e.g. 'cuda:2,ascend:2')")
+    specs = spec_parts(cfg)
+    if specs:
+        whole = str(cluster_spec_path(cfg))
+        items = [(name, n, "") for name, _, n in specs]
+    else:
+        whole = None
+        text = emulate_map(cfg)
+        items = [(f"{chip}-{n}", n, f"{chip}:{n}") for chip, n in parse_emulate_map(text)]
+        if any(n is None for _, n, _ in items):
+            raise PartsError(f"HAL_EMULATE / cluster.emulate = {text!r}: --measure-parts needs counts "
+                             f"(e.g. 'cuda:2,ascend:2')")
     base = cfg.model_dump()
     root = cfg.run_dir / "parts"
     stop = min(cfg.efficiency.steps, cfg.steps)
     out = []
 
-    def derived(name: str, emulate: str, plan: dict) -> dict:
+    def derived(name: str, cluster: str, plan: dict) -> dict:
         d = json.loads(json.dumps(base))
         d["stop_after"] = stop
-        d["cluster"] = {**d["cluster"], "emulate": emulate, "spec": None}
+        if whole is None:  # an emulate map
+            d["cluster"] = {**d["cluster"], "emulate": cluster, "spec": None}
+        else:  # a spec file: the whole one, or the part's own (written by measure)
+            d["cluster"] = {**d["cluster"], "emulate": None,
+                            "spec": cluster if cluster == whole else str(root / name / "cluster.toml")}
         d["plan"] = plan
         d["checkpoint"] = {**d["checkpoint"], "enabled": False}
         d["log"] = {**d["log"], "dir": str(root / name), "val_interval": 0, "val_batches": 1,
@@ -97,29 +149,30 @@ def part_configs(cfg) -> list[tuple[str, dict]]:
 
     p = cfg.plan
     moe = cfg.load_model_config().is_moe
-    for chip, n in items:
-        out.append((f"{chip}-{n}", derived(f"{chip}-{n}", f"{chip}:{n}",
-                                           {"source": "auto", "max_pp": p.max_pp})))
+    for name, n, here in items:  # here: the part's emulate map ('cuda:2'), or "" (its own spec file)
+        out.append((name, derived(name, here, {"source": "auto", "max_pp": p.max_pp})))
         if cfg.efficiency.part_even and n > 1:  # the planner's pick is not always the fastest: measure DP too
-            out.append((f"{chip}-{n}-even", derived(f"{chip}-{n}-even", f"{chip}:{n}",
-                                                    {"source": "even", "ep": moe})))
+            out.append((f"{name}-even", derived(f"{name}-even", here, {"source": "even", "ep": moe})))
     if p.source != "even":
         even = {"source": "even", "pp": p.pp, "tp": p.tp, "zero": p.zero, "num_microbatches": p.num_microbatches,
                 "ep": p.ep or cfg.load_model_config().is_moe}
-        out.append(("even", derived("even", text, even)))
+        out.append(("even", derived("even", whole if whole is not None else text, even)))
     return out
 
 
 def measure(args: argparse.Namespace, cfg, run) -> int:
     """Run every part (`run`: commands.train.run for one config); 0 when all finished."""
+    specs = {n: text for name, text, _ in spec_parts(cfg) for n in (name, f"{name}-even")}
     for name, data in part_configs(cfg):
         d = cfg.run_dir / "parts" / name
         d.mkdir(parents=True, exist_ok=True)
+        if name in specs:  # a sub-cluster of a cluster spec: its own one-sub-cluster spec
+            (d / "cluster.toml").write_text(specs[name])
         for old in ("metrics.jsonl", "summary.json"):  # a fresh measurement, not appended to an old one
             (d / old).unlink(missing_ok=True)
         path = d / "train.toml"
         path.write_text(f"# --measure-parts: {name} (written by trainer/parts.py)\n" + to_toml(data))
-        print(f"hal train --measure-parts: {name}: {data['cluster']['emulate']} with plan "
+        print(f"hal train --measure-parts: {name}: {data['cluster']['emulate'] or data['cluster']['spec']} with plan "
               f"{data['plan']['source']}, {data['stop_after']} steps", flush=True)
         ns = argparse.Namespace(config=str(path), steps=None, stop_after=None, run_dir=None, plan=None, seed=None,
                                 max_restarts=0, measure_parts=False)

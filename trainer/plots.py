@@ -3,6 +3,8 @@
   loss.png            training loss per step and validation loss (with ln 256, uniform bytes)
   rank_step_time.png  each rank's step time (and its compute part, dashed), labelled with its chip
   tokens_per_chip.png tokens/s overall and per chip kind (token-equivalents, trainer.metrics)
+  rank_time_split.png each rank's time over the run split into compute, communication, pipeline
+                      bubble and the rest, as measured (trainer.metrics; records that carry the split)
 
     python -m trainer.plots runs/train-tiny      # re-draw from a run directory
 """
@@ -18,7 +20,8 @@ from .metrics import read_metrics
 
 
 def plot_run(run_dir: Path, chips: Optional[list[str]] = None, title: str = "") -> list[Path]:
-    """Write the three PNGs into `run_dir`; returns their paths ([] when there are no records)."""
+    """Write the PNGs into `run_dir` (the split only when the records carry it); returns their paths
+    ([] when there are no records)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -76,6 +79,39 @@ def plot_run(run_dir: Path, chips: Optional[list[str]] = None, title: str = "") 
     ax.set_xlabel("step"), ax.set_ylabel("tokens/s"), ax.legend(fontsize=7)
     ax.set_title(f"tokens/s per chip kind {title}".strip(), fontsize=9)
     out.append(_save(fig, run_dir / "tokens_per_chip.png", plt))
+    split = _split(recs)
+    if split:
+        fig, ax = plt.subplots(figsize=(7, 0.6 * len(split) + 1.5))
+        colours = {"compute": "tab:blue", "comm": "tab:orange", "bubble": "tab:red", "other": "tab:grey"}
+        for i, parts in enumerate(split):
+            left = 0.0
+            for key, frac in parts.items():
+                ax.barh(i, frac * 100, left=left, color=colours[key], label=key if i == 0 else None)
+                left += frac * 100
+        ax.set_yticks(range(len(split)))
+        ax.set_yticklabels([f"rank {i}" + (f" ({chips[i]})" if chips and i < len(chips) else "")
+                            for i in range(len(split))], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("% of the rank's step time (sum over the run)"), ax.legend(fontsize=7, ncol=4)
+        ax.set_title(f"measured time split per rank {title}".strip(), fontsize=9)
+        out.append(_save(fig, run_dir / "rank_time_split.png", plt))
+    return out
+
+
+def _split(recs: list[dict]) -> list[dict]:
+    """Per rank: {compute, comm, bubble, other} as fractions of its summed step time over the records
+    whose split was measured for it ([] when none carries the split)."""
+    n = max(len(r["rank_step_s"]) for r in recs)
+    out = []
+    for i in range(n):
+        mine = [r for r in recs if len(r.get("rank_bubble_s") or ()) > i and r["rank_bubble_s"][i] is not None
+                and r["rank_comm_s"][i] is not None]
+        total = sum(r["rank_step_s"][i] for r in mine)
+        if not mine or total <= 0:
+            return []
+        parts = {k: sum(r[f"rank_{k}_s"][i] or 0.0 for r in mine) / total
+                 for k in ("compute", "comm", "bubble", "other")}
+        out.append(parts)
     return out
 
 

@@ -29,6 +29,27 @@ def finish_report(cfg, plan, summary: dict, log: Callable[[str], None]) -> dict:
     return out
 
 
+def split_lines(summary: dict) -> list[str]:
+    """Each rank's step split (median shares: compute, communication, pipeline bubble, the rest), as
+    measured (trainer.metrics: summary's `split_measure` says how), next to the plan's bubble estimate."""
+    step = summary.get("rank_step_s_median") or []
+    if not step or not summary.get("rank_compute_share_median"):
+        return []
+    chips = [c["chip"] for c in summary.get("chips") or []]
+
+    def pct(key: str, i: int) -> str:
+        v = (summary.get(key) or [None] * len(step))[i]
+        return "n/a" if v is None else f"{v * 100:.0f}%"
+    lines = [f"  step time split per rank (median; measured: {summary.get('split_measure', '?')}; "
+             f"1F1B bubble ESTIMATE of the plan {summary.get('bubble_est', 0) * 100:.0f}%):"]
+    for i, s in enumerate(step):
+        chip = chips[i] if i < len(chips) else "?"
+        ms = "n/a" if s is None else f"{s * 1e3:.1f} ms"
+        lines.append(f"    rank {i} {chip:<7} step {ms}: compute {pct('rank_compute_share_median', i)}, "
+                     f"comm {pct('rank_comm_share_median', i)}, bubble {pct('rank_bubble_share_median', i)}")
+    return lines
+
+
 def end_report(cfg, summary: dict, log: Callable[[str], None]) -> None:
     """The closing lines (after summary.json is written: the plots read it)."""
     try:
@@ -47,6 +68,8 @@ def end_report(cfg, summary: dict, log: Callable[[str], None]) -> None:
         p = peaks.get(k, {})
         log(f"  {k:<7} {fmt_rate(tps[k])} tok/s (token-equivalents), MFU {'n/a' if m is None else f'{m * 100:.1f}%'}"
             f" of {p.get('used', 'its peak')}")
+    for line in split_lines(summary):
+        log(line)
     for f in summary.get("slow_nodes") or []:
         log(f"  SLOW NODE: rank {f['rank']} ({f['chip']}) {f['slowdown']:.2f}x its expected compute time "
             f"(first seen at detector step {f['first_step']})")
