@@ -301,9 +301,28 @@ def main(argv=None) -> int:
         mape = sum(abs(a - b) / b for a, b in zip(pred, meas)) / len(rows) * 100
         rho = spearman(pred, meas)
         same = sorted(range(len(rows)), key=pred.__getitem__) == sorted(range(len(rows)), key=meas.__getitem__)
+        # a pair whose measured gap is inside either layout's own step-to-step spread has no measured
+        # order (a tie): the ranking is checked on the other pairs, and every swapped pair is printed
+        swapped, ties = [], 0
+        for i in range(len(rows)):
+            for j in range(i + 1, len(rows)):
+                gap = abs(meas[i] - meas[j]) / min(meas[i], meas[j])
+                tie = gap <= max(rows[i]["spread"], rows[j]["spread"])
+                ties += tie
+                if (pred[i] - pred[j]) * (meas[i] - meas[j]) < 0:
+                    swapped.append((rows[i]["layout"], rows[j]["layout"], gap, tie))
+        untied = [s for s in swapped if not s[3]]
         print(f"{label:<22}: {len(rows)} layouts, MAPE {mape:.2f}%, Spearman rank correlation {rho:.3f} "
-              f"(predicted order {'==' if same else '!='} measured order)")
-        out[key.replace("_s", "")] = {"mape_pct": mape, "spearman": rho, "same_order": same}
+              f"(predicted order {'==' if same else '!='} measured order); {len(swapped)} of "
+              f"{len(rows) * (len(rows) - 1) // 2} pairs swapped, {len(untied)} of them measured further apart "
+              f"than their step spread ({ties} pairs tie within it)")
+        if key == "predicted_s":
+            for a, b, gap, tie in swapped:
+                print(f"    swapped: {a} / {b}: measured {gap * 100:.2f}% apart"
+                      f"{' (within the step spread: a tie)' if tie else ''}")
+        out[key.replace("_s", "")] = {"mape_pct": mape, "spearman": rho, "same_order": same,
+                                      "swapped_pairs": [list(s) for s in swapped], "swapped_outside_spread": len(untied),
+                                      "tied_pairs": ties}
     print(f"{time.perf_counter() - t_all:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))

@@ -160,6 +160,7 @@ def stage_seconds(prof: OpProfile, flops_per_s: float, bytes_per_s: float, tp: i
     final norm, head and loss) whole."""
     blocks = prof.stage(n_layers, False, False, rows, recompute) if n_layers else None
     ends = prof.stage(0, first, last, rows) if (first or last) else None
+    relayout = sp_relayout_seconds(prof, bytes_per_s, tp, n_layers, rows, recompute)
     out = []
     for part in ("fwd", "bwd", "opt", "bwd_acc"):
         t = 0.0
@@ -167,5 +168,25 @@ def stage_seconds(prof: OpProfile, flops_per_s: float, bytes_per_s: float, tp: i
             t += getattr(blocks, part).seconds(flops_per_s, bytes_per_s, 1.0 / tp)
         if ends is not None:
             t += getattr(ends, part).seconds(flops_per_s, bytes_per_s)
-        out.append(t)
+        out.append(t + relayout.get(part, 0.0))
     return out[0], out[1], out[2], out[3] - out[1]
+
+
+def sp_relayout_seconds(prof: OpProfile, bytes_per_s: float, tp: int, n_layers: int, rows: int,
+                        recompute: bool) -> dict[str, float]:
+    """Seconds of the copies sequence-parallel TP adds on each TP rank (strategies/tensor_parallel.py's
+    block_plan on DTensor): a sequence all-gather / reduce-scatter on dim 1 of a (rows, seq, hidden)
+    activation is a dim-0 collective plus a `cat` of the chunks (torch.distributed._functional_collectives:
+    all_gather_tensor / reduce_scatter_tensor with gather/scatter dim != 0), which reads and writes
+    the whole activation. Per block 4 forward (all-gather before attention and before the MLP,
+    reduce-scatter after each) and 4 backward (their adjoints); per stage one more each way (the
+    stage's output gathered whole for the next stage; its input gradient gathered whole). Recompute
+    repeats the forward's in backward. Counted on timed-emulated TP2 runs: 18-19 `cat`s per
+    micro-batch for 2 blocks (benchmarks/planner_prediction.py)."""
+    if tp <= 1 or n_layers == 0:
+        return {}
+    itemsize = torch.empty((), dtype=prof.dtype).element_size()
+    one = 2 * rows * prof.cfg.seq * prof.cfg.hidden * itemsize / bytes_per_s   # read chunks + write whole
+    fwd = (4 * n_layers + 1) * one
+    bwd = (4 * n_layers + 1) * one + (fwd if recompute else 0.0)
+    return {"fwd": fwd, "bwd": bwd, "bwd_acc": bwd}
