@@ -1,10 +1,14 @@
-"""Slow-node detection (trainer/slow_node.py): the detector names a rank whose compute is above its
-expected time by more than the threshold and no one when all are alike; HAL_TRAIN_THROTTLE is parsed
+"""Slow-node and slow-link detection (trainer/slow_node.py, trainer/link_watch.py): the detectors name a
+rank whose compute (or link issue time) is above its expected time (its peers') by more than the
+threshold and no one when all are alike; HAL_TRAIN_THROTTLE and HAL_TRAIN_LINK_DELAY are parsed
 strictly; the re-plan gives a slow replica fewer rows; and on an emulated 2 cuda + 2 ascend cluster
 with TIMED emulation (every chip EMULATED on CPU; hal.timed charges each op at the chip's speed) the
-slow-node check of `hal train` names the throttled rank (a cuda rank slowed x4), and names none
-without a throttle. The time scale is low (5e4: the host is often slower than the chips, which the
-detector does not see: it reads the chips' device time) to keep the module short."""
+checks of `hal train` name the throttled rank (a cuda rank slowed x4) as a slow NODE and not as a slow
+link, the link-delayed rank (an ascend rank whose every collective submission sleeps 0.1 s) as a slow
+LINK across the bridge and not as a slow node, and nothing on a healthy run. Outside torchrun the
+mid-run re-plan is only recommended (replan.json written, training goes on); the restart itself is
+tests/test_slow_node_replan.py. The time scale is low (5e4: the host is often slower than the chips,
+which the compute detector does not see: it reads the chips' device time) to keep the module short."""
 from __future__ import annotations
 
 import json
@@ -13,9 +17,12 @@ from pathlib import Path
 import pytest
 
 from hal.testing import WorkerPool
-from trainer.slow_node import SlowNodeDetector, ThrottleSpecError, parse_throttle, replan
+from trainer.link_watch import LinkDelaySpecError, parse_link_delay
+from trainer.replan import restarts_left
+from trainer.slow_node import (SlowLinkDetector, SlowNodeDetector, ThrottleSpecError, name_link, parse_throttle,
+                               replan)
 
-from . import _metrics_cases
+from . import _slow_node_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 EMULATE = "cuda:2,ascend:2"
@@ -42,6 +49,39 @@ def test_throttle_spec_is_strict():
     for bad in ("2", "x:3", "2:0.5", "-1:2"):
         with pytest.raises(ThrottleSpecError, match="HAL_TRAIN_THROTTLE"):
             parse_throttle(bad)
+
+
+def test_link_detector_names_the_rank_that_holds_its_peers_up():
+    chips = ["cuda", "cuda", "ascend", "ascend"]
+    det = SlowLinkDetector(0.5, 0.1, 3, chips)
+    found = []
+    for _ in range(3):  # rank 2 spends 200 ms of a 700 ms step submitting; its peers wait for it
+        found = det.update([0.0004, 0.0003, 0.2, 0.0005], [0.7] * 4, [0.25, 0.25, 0.05, 0.25])
+    assert [f["rank"] for f in found] == [2] and found[0]["excess_s"] > 0.19 and found[0]["peers_wait_s"] == 0.25
+    calm = SlowLinkDetector(0.5, 0.1, 3, chips)
+    for _ in range(5):  # a noisy but healthy host: ms of jitter, far below 10% of the step
+        assert calm.update([0.0004, 0.005, 0.0002, 0.002], [0.7] * 4, [0.2] * 4) == []
+    # which link: its sends to rank 3 across the bridge, not the all_reduce it shares with everyone
+    per_rank = [{"[0, 1, 2, 3]: all_reduce": (0.001, 10), "[0, 1, 2, 3]: send to 2": (0.001, 10)},
+                {"[0, 1, 2, 3]: all_reduce": (0.001, 10)},
+                {"[0, 1, 2, 3]: all_reduce": (0.0012, 10), "[0, 1, 2, 3]: send to 3": (1.0, 10)},
+                {"[0, 1, 2, 3]: all_reduce": (0.001, 10)}]
+    link = name_link(2, per_rank, chips)
+    assert link["peer"] == 3 and not link["across_bridge"] and "inside the ascend sub-cluster" in link["what"]
+    per_rank[2]["[0, 1, 2, 3]: all_reduce"] = (2.0, 10)
+    link = name_link(2, per_rank, chips)
+    assert link["peer"] is None and link["across_bridge"] and link["group"] == [0, 1, 2, 3], link
+
+
+def test_link_delay_spec_is_strict_and_restarts_left_reads_torchrun():
+    assert parse_link_delay("2:0.05") == {2: 0.05} and parse_link_delay("1:0.1, 3:0.02") == {1: 0.1, 3: 0.02}
+    for bad in ("2", "x:0.1", "2:0", "2:5", "-1:0.1"):
+        with pytest.raises(LinkDelaySpecError, match="HAL_TRAIN_LINK_DELAY"):
+            parse_link_delay(bad)
+    assert restarts_left({}) is None
+    run = {"TORCHELASTIC_RUN_ID": "x", "TORCHELASTIC_MAX_RESTARTS": "1", "TORCHELASTIC_RESTART_COUNT": "0"}
+    assert restarts_left(run) == 1 and restarts_left({**run, "TORCHELASTIC_RESTART_COUNT": "1"}) == 0
+    assert restarts_left({**run, "TORCHELASTIC_MAX_RESTARTS": "0"}) == 0
 
 
 def test_replan_weights_the_slow_replica_down():
@@ -74,16 +114,40 @@ def pool():
 
 
 def test_slow_node_names_the_throttled_rank(pool, tmp_path):
-    pool.run(_metrics_cases.run, _config(tmp_path / "t"), "1:4", timeout=240)
+    pool.run(_slow_node_cases.run, _config(tmp_path / "t"), "1:4", timeout=240)
     s = json.loads((tmp_path / "t" / "summary.json").read_text())
     assert s["timed_emulation"] is True
     assert [f["rank"] for f in s["slow_nodes"]] == [1], s["slow_nodes"]
     assert s["slow_nodes"][0]["chip"] == "cuda" and s["slow_nodes"][0]["slowdown"] > 2.0
     assert s["throttled"] == [{"rank": 1, "factor": 4.0}]
+    assert s["slow_links"] == [], s["slow_links"]  # a slow chip is not a slow link: its submissions are quick
     new = json.loads(Path(s["replan"]).read_text())  # rank 1's replica gets fewer rows than its cuda peer
     rows = [r["microbatch"] for r in new["stages"][0]["replicas"]]
     assert sum(rows) == 8 and rows[1] < rows[0]
+    # not under torchrun: the mid-run re-plan is recommended (replan.json written then), training went on
+    (rec,) = s["replan_recommended"]
+    assert rec["ranks"] == [1] and rec["why"] == "not under torchrun"
+    assert rec["rows_after"]["1"] < rec["rows_before"]["1"]
+    assert s["replans"] == [] and s["end_step"] == 6 and s["rank_rows"] == [2, 2, 2, 2]
 
-    pool.run(_metrics_cases.run, _config(tmp_path / "calm"), None, timeout=240)
+    pool.run(_slow_node_cases.run, _config(tmp_path / "calm"), None, timeout=240)
     calm = json.loads((tmp_path / "calm" / "summary.json").read_text())
     assert calm["slow_nodes"] == [] and calm["throttled"] == [] and "replan" not in calm
+    assert calm["slow_links"] == [] and calm["link_delayed"] == [] and calm["replan_recommended"] == []
+    assert calm["link_measure"]["measured"] is True
+
+
+def test_slow_link_names_the_delayed_rank(pool, tmp_path):
+    """Rank 2 (ascend) sleeps 0.1 s before each collective it submits (HAL_TRAIN_LINK_DELAY, test only):
+    the slow-link check names it and its link (the DP all_reduce, across the bridge); the compute check,
+    which reads the chips' device time, names no one."""
+    pool.run(_slow_node_cases.run, _config(tmp_path / "l"), None, "2:0.1", timeout=240)
+    s = json.loads((tmp_path / "l" / "summary.json").read_text())
+    assert s["link_delayed"] == [{"rank": 2, "seconds": 0.1}]
+    assert [f["rank"] for f in s["slow_links"]] == [2], s["slow_links"]
+    f = s["slow_links"][0]
+    assert f["chip"] == "ascend" and f["excess_s"] > 0.1 and f["peers_issue_s"] < 0.05
+    assert f["link"]["across_bridge"] and f["link"]["group"] == [0, 1, 2, 3], f["link"]
+    assert s["slow_nodes"] == [], s["slow_nodes"]
+    recs = [json.loads(x) for x in (tmp_path / "l" / "metrics.jsonl").read_text().splitlines()]
+    assert all(len(r["rank_link_issue_s"]) == 4 for r in recs) and "slow_link_ranks" in recs[-1]

@@ -97,7 +97,11 @@ class LogSection(_Section):
 class SlowNodeSection(_Section):
     threshold: float = Field(default=0.5, gt=0, description="slow = compute > (1 + threshold) x expected (trainer.slow_node)")
     window: int = Field(default=5, ge=1, description="steps whose median the detector compares")
-    replan: bool = Field(default=False, description="write <run dir>/replan.json with slow replicas weighted down")
+    link_threshold: float = Field(default=0.1, gt=0, description="slow link = a rank's link issue time above its "
+                                  "peers' by more than this share of the step (trainer.slow_node)")
+    replan: bool = Field(default=False, description="on a confirmed slow node: checkpoint, write <run dir>/replan.json "
+                         "with its replica weighted down and restart on it (hal train --max-restarts >= 1); "
+                         "without a restart left: write it and log that a re-plan is recommended")
 
 
 class EfficiencySection(_Section):

@@ -112,6 +112,7 @@ class Elastic:
         self.attempt = attempt()
         self.faults = [f for f in parse_faults(os.environ.get(ENV, "")) if f.rank == rank and f.restart == self.attempt]
         self.pending: Optional[dict] = None  # rank 0: the recovery being measured
+        self.pending_replan: Optional[dict] = None  # rank 0: the mid-run re-plan being completed (trainer.replan)
         self.state: dict = {}
 
     # ---- start (rank 0) --------------------------------------------------------------------------
@@ -121,7 +122,17 @@ class Elastic:
         path = self.run_dir / STATE
         self.state = _read_json(path) or {"restarts": []}
         kinds = ",".join(f"{c['chip']}" for c in chips)
-        if self.state.get("state") == "running":
+        if self.state.get("state") == "replan" and self.state.get("replans"):
+            # the previous job left on purpose for a slow-node re-plan (trainer.replan): not a failure
+            rp = self.state["replans"][-1]
+            rp.update({"attempt": self.attempt, "resumed_from_step": resumed_step,
+                       "steps_lost": max(0, rp["step"] - resumed_step), "applied": self.state.get("job", {}).get(
+                           "plan") != plan_json, "resharded": resharded})
+            self.pending_replan = rp
+            self.log(f"hal train: restarted for the re-plan of step {rp['step']} (slow rank(s) {rp['ranks']}): "
+                     f"resumed from step {resumed_step}"
+                     + ("; on the new plan" if rp["applied"] else "; the new plan was NOT applied (see above)"))
+        elif self.state.get("state") == "running":
             prev = self.state.get("job", {})
             reached, last_t = _last_metrics(self.run_dir / "metrics.jsonl", prev.get("started", 0.0))
             errors = _failure_records(self.run_dir, prev.get("started", 0.0))
@@ -151,6 +162,15 @@ class Elastic:
         """Rank 0, after each step: the metrics keys of recovery (`attempt` always; `restart` on the step
         a recovery completes)."""
         keys: dict = {"attempt": self.attempt}
+        rp = self.pending_replan
+        if rp is not None:
+            rp["restart_s"] = time.time() - rp["decided_time"]
+            self.pending_replan = None
+            self._write()
+            keys["replan"] = rp
+            self.log(f"hal train: re-planned: {rp['restart_s']:.1f} s from the decision at step {rp['step']} to step "
+                     f"{done} done on the new plan (checkpoint, restart, resume; one step of work included), "
+                     f"{rp['steps_lost']} step(s) lost")
         p = self.pending
         if p is None:
             return keys
@@ -177,7 +197,15 @@ class Elastic:
         self._write()
         r = self.state.get("restarts", [])
         return {"restarts": r, "steps_lost": sum(x["steps_lost"] for x in r),
-                "recover_s": [x["recovered_s"] for x in r], "attempt": self.attempt}
+                "recover_s": [x["recovered_s"] for x in r], "attempt": self.attempt,
+                "replans": self.state.get("replans", [])}
+
+    def replanning(self, rec: dict) -> None:
+        """Rank 0, before the ranks leave for a mid-run re-plan (trainer.replan): state "replan" and the
+        record, which the restarted job completes (`start`, `step_done`)."""
+        self.state.setdefault("replans", []).append(rec)
+        self.state["state"] = "replan"
+        self._write()
 
     def _write(self) -> None:
         path = self.run_dir / STATE
@@ -241,10 +269,16 @@ def _failure_records(run_dir: Path, since: float) -> list[dict]:
 
 def exit_failed(exc: BaseException) -> None:
     """Under torchrun: end this rank now with exit code 1 after printing the error, without interpreter
-    clean-up (an async checkpoint thread or a broken group could hold the exit up to a timeout)."""
+    clean-up (an async checkpoint thread or a broken group could hold the exit up to a timeout). A
+    slow-node re-plan (trainer.replan.ReplanRequested) is no failure: one line, exit code EXIT_REPLAN."""
     import traceback
 
     from hal.launch_check import report_rank_failure
+    from .replan import EXIT_REPLAN, ReplanRequested
+    if isinstance(exc, ReplanRequested):
+        print(f"hal train: {exc}; exiting with code {EXIT_REPLAN} for torchrun's restart", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_REPLAN)
     report_rank_failure(exc)  # the marked line `hal train` prints for the first failing rank
     traceback.print_exception(exc, file=sys.stderr)
     sys.stderr.flush()

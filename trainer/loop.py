@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import sys
 import time
 from datetime import timedelta
@@ -113,6 +114,10 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
     topo = live_topology(world, book, log)  # the chips that are here (a node may have gone: trainer/elastic.py)
     model_cfg = cfg.load_model_config()  # vocab = 256 checked there
     plan = make_plan(cfg, topo, model_cfg, book)
+    weighted: set = set()
+    if cfg.slow_node.replan:  # a run re-planned mid-run before goes on on <run dir>/replan.json (trainer/replan.py)
+        from .replan import choose_plan
+        plan, weighted = choose_plan(cfg, plan, topo, model_cfg, book, log)
     chips: list = [None] * world
     dist.all_gather_object(chips, {"rank": rank, "chip": acc.chip.name, "emulated": bool(acc.emulated),
                                    "plugin": acc.plugin, "rows": replica_rows(plan, rank)}, group=book)
@@ -144,7 +149,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
     if rank == 0:
         log(f"hal train: {world} ranks ({', '.join(c['chip'] + (' (emulated)' if c['emulated'] else '') for c in chips)}); "
             f"model {model_cfg.name} {sum(p.numel() for p in model.parameters()):,} parameters; "
-            f"plan {cfg.plan.source}: {plan.describe() if hasattr(plan, 'describe') else plan}")
+            f"plan {cfg.plan.source + (' re-planned (replan.json)' if weighted else '')}: "
+            f"{plan.describe() if hasattr(plan, 'describe') else plan}")
         log(f"  data: {corpus.source}: {corpus.files} files, train {corpus.train.numel():,} B, "
             f"validation {corpus.val.numel():,} B; global batch {G} x {seq} bytes")
         if found is not None:
@@ -152,6 +158,13 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
                 + (f" (resharded: written by {resumed.saved_world} ranks on another plan)" if resumed.resharded else ""))
     from .metrics import RunMetrics  # per-step measurements, metrics.jsonl, display, slow nodes
     mon = RunMetrics(cfg, plan, model_cfg, run, chips, book, acc, start, log)
+    from . import link_watch  # slow links: each rank's time submitting to its links (trainer/link_watch.py)
+    from .replan import MidRunReplan, ReplanRequested
+    from .slow_node import SlowLinkDetector
+    links_info = link_watch.start(rank, cfg.backend)
+    links = SlowLinkDetector(cfg.slow_node.threshold, cfg.slow_node.link_threshold, cfg.slow_node.window,
+                             [c["chip"] for c in chips])
+    rp = MidRunReplan(cfg, plan, rank, el, book, weighted, log)
     losses, val_hist = [], []
     t_run = time.perf_counter()
     step, t0 = start, None
@@ -165,6 +178,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
                     g["lr"] = lr
             x, y = train_batch(corpus, cfg.seed, step, G, seq)
             t0 = time.perf_counter()
+            issue0 = link_watch.issue_seconds()
             mon.begin()
             loss = float(run.step(x, y))
             grad_norm = global_grad_norm(run, plan, rank, book)
@@ -173,7 +187,9 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
                 opt.zero_grad(set_to_none=True)
             losses.append(loss)
             done = step + 1
+            issue = link_watch.issue_seconds() - issue0
             rec = mon.end(done, loss, lr, grad_norm)  # every rank's timings (trainer/metrics.py)
+            _slow_links(rec, issue, links, book, world, rank, done, log)
             if rank == 0:
                 rec.update(el.step_done(done))  # attempt; restart (time to recover, steps lost) once recovered
             if cfg.log.val_interval and done % cfg.log.val_interval == 0 and done != cfg.last_step:
@@ -183,6 +199,7 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
             if (cfg.checkpoint.enabled and cfg.checkpoint.interval and done % cfg.checkpoint.interval == 0
                     and done != cfg.last_step):
                 saver.save(done)  # asynchronous: returns once the state is copied
+            rp.after_step(done, mon.detector, saver, mon.records)  # a confirmed slow node may end the job (re-plan)
         t0 = None
         end = max(start, cfg.last_step)
         final_val = _evaluate(run, params, vals)
@@ -193,10 +210,12 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
             saver.close()
         digest = _digest(run.full_parameters()) if run.active else ""
     except BaseException as exc:
-        el.failed(step + 1, exc, None if t0 is None else time.perf_counter() - t0)
+        if not isinstance(exc, ReplanRequested):  # a re-plan is no failure (trainer/replan.py)
+            el.failed(step + 1, exc, None if t0 is None else time.perf_counter() - t0)
         raise
     finally:
         mon.close()
+        link_watch.stop()
     train_s = time.perf_counter() - t_run
     summary = {"final_val_loss": final_val, "uniform_baseline": math.log(VOCAB), "start_step": start,
                "end_step": end, "steps": cfg.steps, "train_s": train_s, "world": world,
@@ -209,6 +228,14 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
         summary.update(el.finish())  # restarts: steps lost, time to recover (trainer/elastic.py)
     if rank == 0:
         summary.update(mon.summary())  # medians, MFU per chip kind, slow nodes (trainer/metrics.py)
+        from .replan import plan_rows
+        for r in summary.get("replans") or []:  # the job that ran on a re-plan: its tokens/s after it
+            if r.get("attempt") == el.attempt:
+                r["tokens_per_s_after"] = summary.get("tokens_per_s_median")
+        summary.update({"slow_links": links.findings(), "link_measure": links_info,
+                        "link_delayed": [{"rank": r, "seconds": d} for r, d in sorted(
+                            link_watch.parse_link_delay(os.environ.get(link_watch.ENV, "")).items())],
+                        "replan_recommended": rp.recommended, "rank_rows": plan_rows(plan, world)})
         summary.update(finish_report(cfg, plan, summary, log))  # efficiency vs parts, replan, plots
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log(f"hal train: steps {start}..{end} in {train_s:.1f} s; final validation loss {final_val:.4f} nats "
@@ -216,9 +243,41 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
         for c in chips:
             log(f"  rank {c['rank']}: {c['chip']:<7} {'EMULATED on this host CPU' if c['emulated'] else 'native'}"
                 f"  rows {c['rows']}")
+        for f in summary["slow_links"]:
+            log(f"  SLOW LINK: {links.describe(f)}")
+        for r in summary.get("replans") or []:
+            log(f"  re-planned mid-run at step {r['step']} for slow rank(s) {r['ranks']}: rows {r['rows_before']} -> "
+                f"{r['rows_after']}; {r.get('restart_s') or 0:.1f} s from the decision to the first step on the new "
+                f"plan")
         end_report(cfg, summary, log)  # plots, MFU per chip kind, slow nodes, then the efficiency figures
     return {"rank": rank, "chip": acc.chip.name, "start": start, "end": end, "losses": losses,
             "val": val_hist, "final_val_loss": final_val, "digest": digest, "resumed": summary["resumed"]}
+
+
+def _slow_links(rec: dict, issue: float, links, book, world: int, rank: int, done: int,
+                log: Callable[[str], None]) -> None:
+    """Every rank: gather each rank's link issue seconds of this step, run the slow-link check
+    (trainer.slow_node.SlowLinkDetector), name the link of a newly found rank (collective, the same
+    decision on every rank) and log it once on rank 0."""
+    from . import link_watch
+    from .slow_node import name_link
+    parts = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(parts, torch.tensor([issue], dtype=torch.float64), group=book)
+    issue_s = [float(p) for p in parts]
+    rec["rank_link_issue_s"] = issue_s
+    found = links.update(issue_s, rec["rank_step_s"], rec["rank_wait_s"])
+    if not found:
+        return
+    rec["slow_link_ranks"] = [f["rank"] for f in found]
+    new = [f for f in found if f.get("link") is None]
+    if not new:
+        return
+    per_rank: list = [None] * world
+    dist.all_gather_object(per_rank, link_watch.by_link(), group=book)
+    for f in new:
+        f["link"] = name_link(f["rank"], per_rank, links.chips)
+        if rank == 0:
+            log(f"  SLOW LINK at step {done}: {links.describe(f)}")
 
 
 def main(argv: Optional[list] = None) -> int:
