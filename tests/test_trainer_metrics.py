@@ -75,6 +75,63 @@ def test_parts_configs_round_trip_through_toml(tmp_path):
     assert "even" not in dict(part_configs(TrainConfig(**_config(tmp_path / "r2", cluster={"emulate": EMULATE}))))
 
 
+SPEC = """name = "mini"
+[[sub_clusters]]
+name = "gpu"
+chip = "cuda"
+model = "H100"
+nodes = 1
+ranks_per_node = 2
+emulate = true
+intra_bandwidth = "400 GB/s"
+
+[[sub_clusters]]
+name = "xpu"
+chip = "kunlun"
+nodes = 1
+ranks_per_node = 1
+emulate = true
+colocate = true
+"""
+
+
+def test_parts_of_a_cluster_spec_are_one_sub_cluster_specs(tmp_path, monkeypatch):
+    """--measure-parts on `cluster.spec`: each [[sub_clusters]] entry runs alone from its own spec file
+    (model, bandwidth and emulate flag kept, colocate dropped), the whole spec runs Plan.even, and the
+    launcher (commands.train.plan) takes each written config: the part's ranks and chips, no torchrun."""
+    import argparse
+
+    from commands.train import plan as launch_plan
+    from hal.cluster import load_cluster_spec
+    from trainer.parts import efficiency, measure, part_configs
+    monkeypatch.delenv("HAL_EMULATE", raising=False)  # the config's spec is the cluster
+    (tmp_path / "spec.toml").write_text(SPEC)
+    cfg = TrainConfig(**_config(tmp_path / "run", cluster={"spec": str(tmp_path / "spec.toml"), "timed": True},
+                                plan={"source": "auto"}, global_batch=12))  # 12 rows: Plan.even on 3 ranks
+    parts = dict(part_configs(cfg))
+    assert list(parts) == ["gpu-2", "gpu-2-even", "xpu-1", "even"]
+    assert parts["even"]["cluster"] == {**parts["even"]["cluster"], "spec": str(tmp_path / "spec.toml"), "emulate": None}
+    seen = {}
+
+    def fake_run(ns):  # what `hal train` would launch for this part, checked as the launcher checks it
+        c = TrainConfig.from_toml(ns.config)
+        nproc, _, source, chips = launch_plan(c, ns, {})
+        seen[Path(ns.config).parent.name] = (nproc, [ch for ch, _ in chips], c)
+        return 0
+    assert measure(argparse.Namespace(config=None), cfg, fake_run) == 0
+    assert {k: v[:2] for k, v in seen.items()} == {"gpu-2": (2, ["cuda", "cuda"]), "gpu-2-even": (2, ["cuda", "cuda"]),
+                                                   "xpu-1": (1, ["kunlun"]), "even": (3, ["cuda", "cuda", "kunlun"])}
+    gpu = load_cluster_spec(tmp_path / "run" / "parts" / "gpu-2" / "cluster.toml")
+    assert [(x.name, x.model, x.intra_bandwidth, x.world_size) for x in gpu.sub_clusters] == [("gpu", "H100", 4e11, 2)]
+    xpu = load_cluster_spec(tmp_path / "run" / "parts" / "xpu-1" / "cluster.toml")
+    assert [(x.chip, x.colocate, x.emulate) for x in xpu.sub_clusters] == [("kunlun", False, True)]
+    assert all(c.cluster.timed and c.stop_after == cfg.efficiency.steps for _, _, c in seen.values())
+    for name, tps in (("gpu-2", 50.0), ("gpu-2-even", 60.0), ("xpu-1", 20.0), ("even", 40.0)):
+        (tmp_path / "run" / "parts" / name / "summary.json").write_text(json.dumps({"tokens_per_s_median": tps}))
+    eff = efficiency(cfg, 76.0)
+    assert eff["parts"] == {"gpu-2": 60.0, "xpu-1": 20.0} and eff["efficiency"] == pytest.approx(0.95)
+
+
 def test_efficiency_from_parts_summaries(tmp_path):
     from trainer.parts import efficiency, report
     cfg = TrainConfig(**_config(tmp_path, cluster={"emulate": "cuda:2,ascend:2"}, plan={"source": "auto"}))
