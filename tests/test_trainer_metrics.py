@@ -1,6 +1,7 @@
 """`hal train` metrics (trainer/metrics.py, plots.py, parts.py, report.py): work shares and the bubble
-formula, the config a --measure-parts run writes reads back as the same config, efficiency from the
-parts' summaries, the PNG plots; and on an emulated 2 cuda + 1 kunlun + 1 ascend cluster (every chip
+formula, the config a --measure-parts run writes reads back as the same config, a cluster spec is
+split into one-sub-cluster specs the launcher accepts, efficiency from the parts' summaries, the PNG
+plots; and on an emulated 2 cuda + 1 kunlun + 1 ascend cluster (every chip
 EMULATED on CPU, collectives over the `hetero` bridge): the GPT and the MoE model lower validation
 loss well below ln 256, both runs repeat bit-identically (final parameters, loss trace), every step's
 JSONL record carries the per-rank and per-chip figures, and step 1's gradient norm equals the
