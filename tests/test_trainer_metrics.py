@@ -171,11 +171,12 @@ def test_plots_of_a_run_whose_world_shrank(tmp_path):
         for s in range(1, 7):
             n = 4 if s <= 3 else 2
             f.write(json.dumps({"step": s, "loss": 5.0 - s * 0.1, "tokens_per_s": 100.0, "rank_step_s": [0.1] * n,
-                                "rank_compute_s": [0.05] * n,
+                                "rank_compute_s": [0.05] * n, "rank_bubble_s": [0.01] * n, "rank_comm_s": [0.02] * n,
+                                "rank_other_s": [0.02] * n,
                                 "tokens_per_s_chip": {"cuda": 60.0, "ascend": 40.0} if n == 4 else {"cuda": 90.0}})
                     + "\n")
     out = plot_run(tmp_path, ["cuda", "cuda"])
-    assert [p.name for p in out] == ["loss.png", "rank_step_time.png", "tokens_per_chip.png"]
+    assert [p.name for p in out] == ["loss.png", "rank_step_time.png", "tokens_per_chip.png", "rank_time_split.png"]
 
 
 @pytest.fixture(scope="module")

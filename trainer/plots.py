@@ -89,7 +89,7 @@ def plot_run(run_dir: Path, chips: Optional[list[str]] = None, title: str = "") 
                 ax.barh(i, frac * 100, left=left, color=colours[key], label=key if i == 0 else None)
                 left += frac * 100
         ax.set_yticks(range(len(split)))
-        ax.set_yticklabels([f"rank {i}" + (f" ({chips[i]})" if chips and i < len(chips) else "")
+        ax.set_yticklabels([f"rank {i}" + (f" ({chips[i]})" if chips and len(sizes) == 1 and i < len(chips) else "")
                             for i in range(len(split))], fontsize=7)
         ax.invert_yaxis()
         ax.set_xlim(0, 100)
