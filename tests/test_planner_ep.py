@@ -2,7 +2,10 @@
 from hal.topology: the EP degrees searched, the EP all_to_all's link, the expert gradient reduction,
 plans with ep < dp that Plan.check accepts and that round-trip through Plan with the same simulated
 step, and the cross-sub-cluster reduction priced on Topology.rail_bandwidth with the bridge's
-leader-only rule. Single process, pure arithmetic over plans (no torch.distributed)."""
+leader-only rule; and that the MoE terms price what the runtime runs: the MoE layer is whole on every
+TP rank (tensor_parallel.block_plan leaves it unsharded), so expert FLOPs and the EP all_to_all are
+not divided by TP, and experts are outside DDP/FSDP2, so ZeRO does not shard their state. Single
+process, pure arithmetic over plans (no torch.distributed)."""
 from __future__ import annotations
 
 import pytest
@@ -77,7 +80,9 @@ def test_ep_all_to_all_stays_in_the_node_when_the_group_fits_and_copies_reduce()
     c0 = replica_cost(m, h, 1, MOE.layers, True, True, 2, False, 0, 16, 2, ep=ep, experts_local=1, group_mb=gmb)
     dense = dp_reduce_time((c0.params_local - eparams) * 4, [(h, 16, h.nic_bw)])
     window = max(e["dur"] for e in traced.trace if e["name"] == "dp_reduce") / 1e6
-    assert red > 0 and window == pytest.approx(dense + red, rel=1e-9)   # the reduction is exposed here
+    # ... and then each reduced dense shard is copied into .grad (simulate.reduction: 3 x P / dp bytes)
+    copy_out = 3 * (c0.params_local - eparams) * m.dtype_bytes / 16 / h.memory_bw
+    assert red > 0 and window == pytest.approx(dense + red + copy_out, rel=1e-9)   # the reduction is exposed here
 
 
 def test_search_picks_ep_below_dp_and_plans_check_and_round_trip():
@@ -162,3 +167,64 @@ def test_plan_even_builds_ep_groups_and_rejects_bad_degrees():
         Plan.even(topo, cfg, 8, ep=True, ep_degree=3)
     with pytest.raises(PlanError, match=r"4 experts do not split evenly over 8 replicas"):
         Plan.even(topo, cfg, 8, ep=True)
+
+
+# ---- the cost model prices what the runtime runs (strategies/tensor_parallel.py, apply._apply_dp) ----
+def test_runtime_replicates_the_moe_layer_over_tp():
+    # the premise of the MoE terms below: apply_tp's plan shards attention (and a dense MLP) but
+    # leaves the MoE layer (router, experts) whole on every TP rank, wrapped only to gather the
+    # sequence in and chunk it out; if this changes, cost._replica_cost's MoE terms must change too
+    from strategies.models.gpt import Block
+    from strategies.tensor_parallel import block_plan
+    cfg = ModelConfig(name="m", layers=1, hidden=32, heads=4, ffn=32, vocab=64, seq=16, experts=4, top_k=2)
+    block = Block(cfg)
+    plan = block_plan(block, sequence_parallel=True, first=True, last=True)
+    assert hasattr(block, "moe") and "moe" in plan
+    assert not [k for k in plan if k.startswith("moe.")], sorted(plan)
+    assert {"attn.wq", "attn.wk", "attn.wv", "attn.wo"} <= set(plan)
+
+
+def _moe_cost(tp, experts_local, zero=0, dp=16, ep=None, gmb=16, mb=2):
+    from strategies.planner.cost import replica_cost
+    facts, _ = _facts(_topo(("h", "cuda", "H100", 2, 8)))
+    return replica_cost(ModelFacts(MOE), facts[0], tp, MOE.layers, False, False, mb, False, zero, dp, 1,
+                        ep=ep, experts_local=experts_local, group_mb=gmb), facts[0]
+
+
+def test_expert_compute_and_all_to_all_are_not_divided_by_tp():
+    m = ModelFacts(MOE)
+    for tp in (1, 2, 4):
+        # two more experts hosted (same routed rows of the EP group): the added FLOPs are the experts'
+        # on their share of the rows, whole on each TP rank
+        c2, h = _moe_cost(tp, 2)
+        c4, _ = _moe_cost(tp, 4)
+        extra = MOE.layers * MOE.seq * 2 * m.expert_params * MOE.top_k * 16 * (2 / MOE.experts) / h.flops
+        assert c4.fwd - c2.fwd == pytest.approx(extra, rel=1e-9), tp
+        assert c4.bwd - c2.bwd == pytest.approx(2 * extra, rel=1e-9), tp
+        # EP all_to_all: every TP rank sends the replica's rows x top_k x hidden on its own link
+        c, _ = _moe_cost(tp, 1, ep=(8, h.intra_bw))
+        a2a = 4 * MOE.layers * 7 / 8 * (2 * MOE.seq) * MOE.top_k * MOE.hidden * 2 / h.intra_bw
+        assert c.ep_comm == pytest.approx(a2a, rel=1e-9), tp
+    # the search and the simulator pass the per-rank link (not x tp) for a TP-2 replica
+    f = _facts(_topo(("h", "cuda", "H100", 2, 8)))[0][0]
+    g = S.Group(f, 2, 2, 2, 8)
+    assert S.ep_of(m, 4, 8, g, f.nic_bw, 16)[0] == (4, f.intra_bw)       # 4 x 2 ranks: one node
+    assert S.ep_of(m, None, 8, g, f.nic_bw, 16)[0] == (8, f.nic_bw)
+
+
+def test_experts_are_not_sharded_by_zero_or_tp():
+    m = ModelFacts(MOE)
+    for tp in (1, 2):
+        for zero in (0, 2, 3):
+            c1, _ = _moe_cost(tp, 1, zero=zero)
+            c3, _ = _moe_cost(tp, 3, zero=zero)
+            e = MOE.layers * m.expert_params
+            assert c1.expert_params_local == e and c3.expert_params_local == 3 * e
+            # two more experts cost their whole weights + fp32 grads + AdamW state (16 B/param) at any
+            # ZeRO level and TP degree (FSDP2/DDP leave experts out; TP leaves the MoE layer whole)
+            assert c3.memory - c1.memory == pytest.approx(2 * e * 16, rel=1e-9), (tp, zero)
+    # ZeRO does shard the dense parameters: doubling dp at ZeRO-3 saves half the dense state only
+    a, _ = _moe_cost(2, 4, zero=3, dp=16)
+    b, _ = _moe_cost(2, 4, zero=3, dp=32)
+    dense = a.params_local - a.expert_params_local
+    assert a.memory - b.memory == pytest.approx(dense * (16 / 16 - 16 / 32), rel=1e-9)

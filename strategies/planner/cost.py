@@ -93,6 +93,9 @@ class ReplicaCost:
     memory: float           # peak bytes per rank
     optimizer: float        # seconds for the optimizer step
     grad_acc: float = 0.0   # extra seconds of a backward after the first of a step (adds into .grad)
+    # MoE: the expert parameters among params_local (whole on every TP rank; not DDP/FSDP2's: no
+    # ZeRO sharding, reduced only across expert-DP copies)
+    expert_params_local: float = 0.0
 
 
 def allreduce_time(nbytes: float, n: int, bw: float, lat: float = 0.0) -> float:
@@ -185,28 +188,44 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     model's experts and, with a balanced router, computes that share of the whole EP group's
     routed tokens (`group_mb` samples per micro-batch), whatever its own micro-batch."""
     tp_bw = tp_bw if tp_bw is not None else f.intra_bw
+    moe_fl = 0.0     # FLOPs every rank of the TP group runs in full (not divided by tp)
     if m.experts:
         share = (experts_local if experts_local is not None else m.experts) / m.experts
         routed = (group_mb if group_mb is not None else mb) * share
-        per_sample_dense = m.layer_fwd_flops() - m.seq * 2 * m.expert_params * m.top_k   # attention + router
-        fl = n_layers * (per_sample_dense * mb + m.seq * 2 * m.expert_params * m.top_k * routed)
+        router = m.seq * 2 * m.hidden * m.experts                                      # per sample
+        per_sample_dense = m.layer_fwd_flops() - m.seq * 2 * m.expert_params * m.top_k - router   # attention
+        fl = n_layers * per_sample_dense * mb
+        # apply_plan's TP leaves the MoE layer unsharded (strategies/tensor_parallel.py block_plan:
+        # "blocks[i].moe not sharded: it runs on the full activation, replicated over TP"): every TP
+        # rank all-gathers the sequence, routes it and runs its replica's experts on all the routed
+        # tokens, so the router and expert FLOPs are not divided by tp
+        moe_fl = n_layers * (router * mb + m.seq * 2 * m.expert_params * m.top_k * routed)
     else:
         fl = n_layers * m.layer_fwd_flops() * mb
     # apply_plan's TP (strategies/tensor_parallel.py) shards the blocks only: the embedding, final
     # norm, head and loss run replicated on every rank of the TP group
     head = m.head_fwd_flops() * mb if last else 0.0
-    compute_fwd = fl / (f.flops * tp) + head / f.flops
+    compute_fwd = fl / (f.flops * tp) + (moe_fl + head) / f.flops
     act = m.act_bytes(tp, False) * mb * n_layers
     elementwise = ELEMENTWISE_PASSES * act / f.memory_bw
     tp_comm = 0.0
     if tp > 1:
         tp_comm = n_layers * 4 * allreduce_time(m.dtype_bytes * m.seq * m.hidden * mb, tp, tp_bw, f.link_latency)
+    if m.experts and tp > 1:
+        # of those 4 all-reduce-equivalents per layer (sequence parallel: an all-gather and a
+        # reduce-scatter around attention and around the MLP, forward and backward), the unsharded
+        # MoE layer has only its input all-gather forward and its output gradient's all-gather
+        # backward (block_plan's PrepareModuleInputOutput: the output is a local chunk): 3 of 4
+        tp_comm *= 3 / 4
     ep_comm = 0.0
     if m.experts and ep is not None and ep[0] > 1:
         e, bw = ep
         tokens = m.seq * mb
-        # dispatch + combine forward and the same backward: 4 all_to_all of tokens x top_k x h bf16
-        ep_comm = n_layers * 4 * (e - 1) / e * tokens * m.top_k * m.hidden * m.dtype_bytes / tp / bw
+        # dispatch + combine forward and the same backward: 4 all_to_all of tokens x top_k x h bf16.
+        # Every rank of the TP group moves all its replica's tokens on its own link (`bw`, per rank):
+        # the EP group is the replicas' ranks of one TP index (apply._apply_ep), each holding the
+        # full all-gathered sequence, so nothing here is divided by tp
+        ep_comm = n_layers * 4 * (e - 1) / e * tokens * m.top_k * m.hidden * m.dtype_bytes / bw
     fwd = compute_fwd + elementwise + (tp_comm + ep_comm) / 2
     bwd = 2 * compute_fwd + 2 * elementwise + (tp_comm + ep_comm) / 2
     if recompute:
@@ -218,12 +237,23 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
                                                  recompute)
         fwd, bwd = pf + (tp_comm + ep_comm) / 2, pb + (tp_comm + ep_comm) / 2
     # memory
-    layer_p = m.layer_params
-    if m.experts and experts_local is not None:
-        layer_p = layer_p - m.expert_params * m.experts + m.expert_params * experts_local
-    params = n_layers * layer_p / tp + (m.embed_params if first else 0) + (m.embed_params if last else 0)
+    layer_p, eparams = m.layer_params, 0.0
+    if m.experts:
+        # the MoE layer is replicated over TP (router and this replica's experts in full on every TP
+        # rank), and its experts are left out of DDP and FSDP2 (apply._apply_dp: ddp_ignore_experts,
+        # fully_shard(..., ignored_params=expert_params(block))): whatever the ZeRO level each rank
+        # keeps their weights, gradients and AdamW state whole, and their gradients are reduced only
+        # across expert-DP copies (expert_parallel.reduce_expert_grads), never by DDP/FSDP2
+        router_p = m.hidden * m.experts
+        layer_p = layer_p - m.expert_params * m.experts - router_p     # attention and norms: TP-sharded
+        eparams = n_layers * m.expert_params * (experts_local if experts_local is not None else m.experts)
+        dense = n_layers * (layer_p / tp + router_p)
+    else:
+        dense = n_layers * layer_p / tp
+    dense += (m.embed_params if first else 0) + (m.embed_params if last else 0)
+    params = dense + eparams
     per_param = {0: 16.0, 1: 4 + 12 / dp, 2: 2 + 14 / dp, 3: 16 / dp}[zero]
-    state = params * per_param
+    state = dense * per_param + eparams * 16.0
     act_keep = m.act_bytes(tp, recompute) * mb * n_layers * in_flight
     # backward's working set: the gradients of one layer's activations for one micro-batch (about
     # the size of what the layer saved); under full recompute that layer's activations come back too
@@ -235,15 +265,16 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     loss = (LOSS_COPIES * 4 * m.seq * m.vocab * mb) if last else 0.0
     zero3_gather = (m.dtype_bytes * layer_p / tp * 2) if zero == 3 else 0.0       # two layers gathered ahead
     # torch DDP (zero 0, dp > 1; apply_plan's data parallel) keeps its gradient buckets apart from
-    # .grad (gradient_as_bucket_view is off): one more fp32 gradient per parameter
-    buckets = params * GRAD_BYTES if zero == 0 and dp > 1 else 0.0
+    # .grad (gradient_as_bucket_view is off): one more fp32 gradient per parameter it reduces
+    buckets = dense * GRAD_BYTES if zero == 0 and dp > 1 else 0.0
     memory = state + buckets + act_keep + max(act_work, loss) + zero3_gather + BRIDGE_STAGING
     shard = dp if zero >= 1 else 1
-    optimizer = params / shard * ADAM_TRAFFIC / f.memory_bw if op_opt is None else op_opt / shard
+    # the optimizer steps this rank's shard of the dense parameters and all of its experts
+    optimizer = (dense / shard + eparams) * ADAM_TRAFFIC / f.memory_bw if op_opt is None else op_opt / shard
     if grad_acc is None:
         # assumed free in the analytic model: at scale the accumulation into the fp32 gradient is
         # fused into the weight-gradient GEMM (Megatron-LM's gradient_accumulation_fusion). The op
         # profile counts the separate add torch's autograd runs (what timed emulation charges)
         grad_acc = 0.0
     return ReplicaCost(fwd=fwd, bwd=bwd, tp_comm=tp_comm, ep_comm=ep_comm, params_local=params,
-                       memory=memory, optimizer=optimizer, grad_acc=grad_acc)
+                       memory=memory, optimizer=optimizer, grad_acc=grad_acc, expert_params_local=eparams)

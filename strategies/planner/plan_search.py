@@ -174,7 +174,7 @@ def _estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[f
                 ok = ok and c.memory <= g.facts.memory
                 worst = max(worst, c.fwd + c.bwd)
                 opt, bwd_min = max(opt, c.optimizer), min(bwd_min, c.bwd)
-                eparams = n_layers * model.expert_params * (g.experts or 0) / g.tp if model.experts else 0.0
+                eparams = c.expert_params_local      # whole on each TP rank, outside DDP/FSDP2
                 params = c.params_local - eparams
             if ok:
                 break
@@ -212,13 +212,14 @@ def ep_of(model: ModelFacts, ep: Optional[int], dp: int, g: Group, nic: float,
     group `g` in a stage of `dp` replicas and `bm` rows. `ep` None: one EP group over the whole DP
     group (its all_to_all on the slowest NIC); else EP groups of `ep` consecutive replicas of one kind
     (the search keeps ep | each kind's replica count), on the intra-node link when the group's
-    ep x tp ranks fit a node, else the NIC."""
+    ep x tp ranks fit a node, else the NIC. The bandwidth is per rank: each TP rank is in its own
+    EP group (one TP index of every replica) and moves all the replica's tokens on its own link."""
     if not model.experts:
         return None, bm
     if ep is None:
-        return ((dp, nic * g.tp) if dp > 1 else None), bm
+        return ((dp, nic) if dp > 1 else None), bm
     bw = g.facts.intra_bw if ep * g.tp <= g.facts.ranks_per_node else g.facts.nic_bw
-    return ((ep, bw * g.tp) if ep > 1 else None), g.mb * ep
+    return ((ep, bw) if ep > 1 else None), g.mb * ep
 
 
 def expert_reduce_time(eparams: float, ep: Optional[int], dp: int, kinds: Sequence[tuple[ChipFacts, int]]) -> float:

@@ -153,14 +153,15 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
         nic = min(x.facts.nic_bw for x in st.reps)
         for j, r in enumerate(st.reps):
             tp = len(r.ranks)
-            ep, gmb = ((dp, nic * tp) if model.experts and dp > 1 else None), st.microbatch
+            # EP bandwidth per rank: each TP rank moves all its replica's tokens (cost._replica_cost)
+            ep, gmb = ((dp, nic) if model.experts and dp > 1 else None), st.microbatch
             if model.experts and st.ep is not None:
                 # EP group of st.ep consecutive replicas: its all_to_all on the intra link when its
                 # ranks share a node, else the NIC; its experts see the group's rows
                 grp = st.reps[j // st.ep * st.ep:(j // st.ep + 1) * st.ep]
                 gmb = sum(x.mb for x in grp)
                 one = bool(node_of) and len({node_of.get(x) for g in grp for x in g.ranks}) == 1
-                ep = (st.ep, (r.facts.intra_bw if one else r.facts.nic_bw) * tp) if st.ep > 1 else None
+                ep = (st.ep, r.facts.intra_bw if one else r.facts.nic_bw) if st.ep > 1 else None
             key = (r.facts.name, tp, r.mb, r.experts, ep, gmb)
             if key not in memo:   # replicas of one kind and share cost the same: compute once
                 in_flight = m if sched_kind == "GPipe" else min(m, p - s)
@@ -175,7 +176,8 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
         for s, st in enumerate(stages):
             dp = len(st.reps)
             for c in {id(c): c for c in costs[s]}.values():
-                g = gather_time(2 * c.params_local, dp, min(r.facts.nic_bw for r in st.reps))
+                # FSDP2 leaves expert parameters out (apply._apply_dp): only the dense ones are gathered
+                g = gather_time(2 * (c.params_local - c.expert_params_local), dp, min(r.facts.nic_bw for r in st.reps))
                 c.fwd, c.bwd = max(c.fwd, g), max(c.bwd, g)
 
     # ---- row overlaps between consecutive stages: (r, r2, rows)
@@ -210,7 +212,7 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
             params = costs[s][0].params_local
             eparams = 0.0
             if model.experts:   # expert weights live once in the EP group: not DP-reduced
-                eparams = st.n_layers * model.expert_params * (st.reps[0].experts or 0) / len(st.reps[0].ranks)
+                eparams = costs[s][0].expert_params_local     # whole on each TP rank (cost.py)
                 params -= eparams
             parts: dict[str, list] = {}
             for r in st.reps:
