@@ -59,6 +59,25 @@ class StageSpec:
 SEND_AFTER_REDUCTION = False
 
 
+def fsdp_copy_bytes(dense: float, ends: float, d: int, zero: int, kind: str, j: int, m: int) -> float:
+    """Bytes of FSDP2's own copies (apply_plan's zero >= 1: fully_shard per block and the stage)
+    in micro-batch j's forward (kind "F") / backward ("B") of a replica, P = `dense`, its dense
+    parameter bytes (`ends`: those of the embedding / head, never resharded), d = the DP degree.
+    HeteroPipeline keeps the parameters gathered between micro-batches
+    (set_reshard_after_backward(last)), so the first forward gathers them: all_gather_copy_in
+    ((2 + 2/d) P counted: shards read, buffer written) and split_with_sizes_copy out of the buffer
+    (2P); ZeRO-3 reshards after each forward, so every backward gathers the blocks again (the root
+    stays gathered); the last backward packs the gradients for the reduce-scatter (chunk_cat, 2P)
+    before the stage's input gradient exists. Counted op by op with hal.timed.record_ops on FSDP2
+    stages of dp 2 (torch 2.13) and checked against a timed-emulated PP2 x DP2 ZeRO-2 step's
+    timeline (benchmarks/planner_prediction.py); tests/test_planner_runtime_copies.py counts them
+    on the real wrappers. The reduced shard's copy into .grad (3P/d) runs after backward: reduction()."""
+    if kind == "F":
+        return (4 + 2 / d) * dense if j == 0 else 0.0
+    regather = (4 + 2 / d) * max(dense - ends, 0.0) if zero == 3 else 0.0
+    return regather + (2 * dense if j == m - 1 else 0.0)
+
+
 @dataclass
 class Layout:
     """What the simulator needs of a plan: stages, replicas with their chip figures, micro-batches."""
@@ -233,17 +252,20 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
         if dp > 1 and layout.zero == 0 and len(st.reps[0].ranks) == 1:
             # apply_plan's DDP: the reduction starts bucket by bucket during the last backward, so
             # the last bucket (1 / buckets of it, at most 1 / layers) is exposed; the reducer copies
-            # each gradient into its bucket and back (2 copy_ ops: dst + src read, dst written)
+            # each gradient into its bucket inside that backward (ddp_copy_in, already in its
+            # duration) and back after the reduction (a copy_: dst + src read, dst written)
             nb = max(1, min(st.n_layers, math.ceil(max(params, 0) * GRAD_BYTES / DDP_BUCKET_BYTES)))
-            copies = max(params, 0) * GRAD_BYTES * 6 / min(x.facts.memory_bw for x in st.reps)
-            red_end = max(last_b_start + t_red, last_b_end + t_red / nb) + copies
+            copy_back = max(params, 0) * GRAD_BYTES * 3 / min(x.facts.memory_bw for x in st.reps)
+            red_end = max(last_b_start + t_red, last_b_end + t_red / nb) + copy_back
         elif dp > 1 and layout.zero == 0:
             # TP stages: one flat all_reduce after the pipeline (apply_plan's _sum_grads: cat, reduce,
             # copy back), not overlapped
             copies = max(params, 0) * GRAD_BYTES * 5 / min(x.facts.memory_bw for x in st.reps)
             red_end = last_b_end + t_red + copies
-        elif dp > 1:   # FSDP2: reduce-scatter per layer during backward, the last layer's exposed
-            red_end = max(last_b_start + t_red, last_b_end + t_red / max(st.n_layers, 1))
+        elif dp > 1:   # FSDP2: reduce-scatter per layer during backward, the last layer's exposed,
+            # then each reduced shard copied into .grad (a copy_ of P / dp: dst + src read, dst written)
+            copy_out = 3 * max(params, 0) * model.dtype_bytes / dp / min(x.facts.memory_bw for x in st.reps)
+            red_end = max(last_b_start + t_red, last_b_end + t_red / max(st.n_layers, 1)) + copy_out
         else:
             red_end = last_b_end
         return red_end, dp > 1 and not (layout.zero == 0 and len(st.reps[0].ranks) > 1)
@@ -259,6 +281,20 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
             for j in range(m):
                 need[("F", s + 1, k, j)] += 1
                 need[("B", s, i, j)] += 1
+    # DDP's reducer copies each gradient into its bucket from autograd hooks during the last
+    # micro-batch's backward (no_sync before it), before the stage's input gradient exists: that
+    # backward, and the input-gradient send after it, take the copy's time (measured on timed-emulated
+    # runs: benchmarks/planner_prediction.py; the copy back after the reduction is in reduction())
+    ddp_copy_in = [[(costs[s][r].params_local - costs[s][r].expert_params_local) * GRAD_BYTES * 3 / rep.facts.memory_bw
+                    if len(st.reps) > 1 and layout.zero == 0 and len(rep.ranks) == 1 else 0.0
+                    for r, rep in enumerate(st.reps)] for s, st in enumerate(stages)]
+
+    def fsdp_copies(s: int, r: int, kind: str, j: int) -> float:
+        c, rep = costs[s][r], stages[s].reps[r]
+        dense = (c.params_local - c.expert_params_local) * model.dtype_bytes
+        ends = ((s == 0) + (s == p - 1)) * model.embed_params * model.dtype_bytes
+        return fsdp_copy_bytes(dense, ends, len(stages[s].reps), layout.zero, kind, j, m) / rep.facts.memory_bw
+
     queues = [[_schedule(sched_kind, p, s, m) for _ in st.reps] for s, st in enumerate(stages)]
     pos = [[0] * len(st.reps) for st in stages]
     free = [[0.0] * len(st.reps) for st in stages]
@@ -282,6 +318,10 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
                 c = costs[s][r]
                 t0 = max(free[s][r], arrivals[key])
                 t1 = t0 + (c.fwd if kind == "F" else c.bwd + (c.grad_acc if j else 0.0))
+                if kind == "B" and j == m - 1:
+                    t1 += ddp_copy_in[s][r]
+                if layout.zero >= 1:
+                    t1 += fsdp_copies(s, r, kind, j)
                 done[key], start_of[key] = t1, t0
                 free[s][r] = t1
                 pos[s][r] += 1
