@@ -2,7 +2,7 @@
 sum of each sub-cluster's throughput measured alone with its own planned layout.
 
     python benchmarks/train_efficiency.py [--layouts cuda:2,ascend:2 cuda:2,kunlun:1,ascend:1]
-                                          [--steps 8] [--scale 3e5] [--model tiny] [--out runs/bench-eff]
+                                          [--steps 8] [--batch 64] [--scale 3e5] [--model tiny] [--out runs/bench-eff]
 
 For each layout it runs `hal train --measure-parts` (trainer/parts.py) on a generated config: every
 sub-cluster alone (plan auto for that sub-cluster), the whole cluster with Plan.even, then the whole
@@ -110,7 +110,9 @@ def main(argv=None) -> int:
     p.add_argument("--layouts", nargs="+", default=["cuda:2,ascend:2", "cuda:2,kunlun:1,ascend:1"])
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--skip", type=int, default=2)
-    p.add_argument("--batch", type=int, default=16)
+    # 64: at 16 rows a step, rows per rank are too coarse to follow a 2.1x speed ratio (2+2 and
+    # 2+1+1 planned reached 88-91% of the parts at 16, 98-100% at 64: docs/performance.md)
+    p.add_argument("--batch", type=int, default=64, help="global batch (default 64; about 25 min per layout)")
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--scale", type=float, default=3e5)
     p.add_argument("--model", default="tiny")
