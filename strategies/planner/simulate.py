@@ -170,20 +170,25 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
         row, memo = [], {}
         dp = len(st.reps)
         nic = min(x.facts.nic_bw for x in st.reps)
+        smb = st.microbatch                # invariant over the stage's replicas: summed once
+        in_flight = m if sched_kind == "GPipe" else min(m, p - s)
+        grp_memo: dict[int, tuple] = {}    # EP group index -> (its rows, whether its ranks share a node)
         for j, r in enumerate(st.reps):
             tp = len(r.ranks)
             # EP bandwidth per rank: each TP rank moves all its replica's tokens (cost._replica_cost)
-            ep, gmb = ((dp, nic) if model.experts and dp > 1 else None), st.microbatch
+            ep, gmb = ((dp, nic) if model.experts and dp > 1 else None), smb
             if model.experts and st.ep is not None:
                 # EP group of st.ep consecutive replicas: its all_to_all on the intra link when its
                 # ranks share a node, else the NIC; its experts see the group's rows
-                grp = st.reps[j // st.ep * st.ep:(j // st.ep + 1) * st.ep]
-                gmb = sum(x.mb for x in grp)
-                one = bool(node_of) and len({node_of.get(x) for g in grp for x in g.ranks}) == 1
+                gi = j // st.ep
+                if gi not in grp_memo:
+                    grp = st.reps[gi * st.ep:(gi + 1) * st.ep]
+                    grp_memo[gi] = (sum(x.mb for x in grp),
+                                    bool(node_of) and len({node_of.get(x) for g in grp for x in g.ranks}) == 1)
+                gmb, one = grp_memo[gi]
                 ep = (st.ep, r.facts.intra_bw if one else r.facts.nic_bw) if st.ep > 1 else None
             key = (r.facts.name, tp, r.mb, r.experts, ep, gmb)
             if key not in memo:   # replicas of one kind and share cost the same: compute once
-                in_flight = m if sched_kind == "GPipe" else min(m, p - s)
                 memo[key] = copy.copy(replica_cost(model, r.facts, tp, st.n_layers, s == 0, s == p - 1, r.mb, st.recompute,
                                          layout.zero, dp, in_flight, ep=ep, experts_local=r.experts,
                                          group_mb=gmb))
@@ -194,21 +199,30 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
     if layout.zero == 3:
         for s, st in enumerate(stages):
             dp = len(st.reps)
+            nic = min(r.facts.nic_bw for r in st.reps)
             for c in {id(c): c for c in costs[s]}.values():
                 # FSDP2 leaves expert parameters out (apply._apply_dp): only the dense ones are gathered
-                g = gather_time(2 * (c.params_local - c.expert_params_local), dp, min(r.facts.nic_bw for r in st.reps))
+                g = gather_time(2 * (c.params_local - c.expert_params_local), dp, nic)
                 c.fwd, c.bwd = max(c.fwd, g), max(c.bwd, g)
 
     # ---- row overlaps between consecutive stages: (r, r2, rows)
     ranges = [_ranges(st) for st in stages]
     links: list[list[tuple[int, int, int]]] = []
     for s in range(p - 1):
-        lst = []
+        # both stages' ranges tile the micro-batch in order, so the replicas of stage s+1 a replica of
+        # stage s overlaps are consecutive and move forward with it: one merge pass (was every pair,
+        # quadratic in the DP degree), the same (i, k, rows) in the same order
+        lst, nxt_r, kp = [], ranges[s + 1], 0
         for i, (a0, a1) in enumerate(ranges[s]):
-            for k, (b0, b1) in enumerate(ranges[s + 1]):
+            while kp < len(nxt_r) and nxt_r[kp][1] <= a0:
+                kp += 1
+            k = kp
+            while k < len(nxt_r) and nxt_r[k][0] < a1:
+                b0, b1 = nxt_r[k]
                 rows = min(a1, b1) - max(a0, b0)
                 if rows > 0:
                     lst.append((i, k, rows))
+                k += 1
         links.append(lst)
     sends_fwd = [defaultdict(list) for _ in range(p)]   # stage s, rep i -> [(k, rows)] to stage s+1
     sends_bwd = [defaultdict(list) for _ in range(p)]   # stage s+1, rep k -> [(i, rows)] to stage s
@@ -271,16 +285,18 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
         return red_end, dp > 1 and not (layout.zero == 0 and len(st.reps[0].ranks) > 1)
 
     # ---- longest path through (replica order + data dependencies)
-    ready = {}   # (kind, s, r, j) -> arrival time at the consumer, keyed by consumer op
-    done = {}    # (kind, s, r, j) -> end time
-    start_of = {}
-    arrivals: dict[tuple, float] = defaultdict(float)
-    need: dict[tuple, int] = defaultdict(int)
+    # Per-(stage, replica, micro-batch) state lives in lists indexed [s][r][j] (a replica's ops are the
+    # same for every replica of a stage: its schedule). Everything an op adds to its start time is
+    # computed once per distinct cost (replicas of one kind and share share their ReplicaCost object)
+    # and every send's time once per distinct (rows, ranks, src, dst, same node): the same numbers
+    # the per-op formulas give, added in the same order, so the step's figures are unchanged.
+    nreps = [len(st.reps) for st in stages]
+    need_f = [[0] * n for n in nreps]   # inputs a forward of (s, r) waits for (every micro-batch alike)
+    need_b = [[0] * n for n in nreps]
     for s in range(p - 1):
         for i, k, rows in links[s]:
-            for j in range(m):
-                need[("F", s + 1, k, j)] += 1
-                need[("B", s, i, j)] += 1
+            need_f[s + 1][k] += 1
+            need_b[s][i] += 1
     # DDP's reducer copies each gradient into its bucket from autograd hooks during the last
     # micro-batch's backward (no_sync before it), before the stage's input gradient exists: that
     # backward, and the input-gradient send after it, take the copy's time (measured on timed-emulated
@@ -295,76 +311,128 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
         ends = ((s == 0) + (s == p - 1)) * model.embed_params * model.dtype_bytes
         return fsdp_copy_bytes(dense, ends, len(stages[s].reps), layout.zero, kind, j, m) / rep.facts.memory_bw
 
-    queues = [[_schedule(sched_kind, p, s, m) for _ in st.reps] for s, st in enumerate(stages)]
-    pos = [[0] * len(st.reps) for st in stages]
-    free = [[0.0] * len(st.reps) for st in stages]
-    got: dict[tuple, int] = defaultdict(int)
+    # each op of a replica's queue: (kind, j, duration, DDP copy-in, FSDP copies), t1 = t0 + ... in order
+    scheds = [_schedule(sched_kind, p, s, m) for s in range(p)]
+    op_memo: dict[tuple, list] = {}
+    plans: list[list[list]] = []
+    for s, st in enumerate(stages):
+        row = []
+        for r, rep in enumerate(st.reps):
+            c = costs[s][r]
+            key = (s, id(c), id(rep.facts), len(rep.ranks), ddp_copy_in[s][r])
+            if key not in op_memo:
+                ops = []
+                for kind, j in scheds[s]:
+                    d = c.fwd if kind == "F" else c.bwd + (c.grad_acc if j else 0.0)
+                    ddp = ddp_copy_in[s][r] if kind == "B" and j == m - 1 else 0.0
+                    fs = fsdp_copies(s, r, kind, j) if layout.zero >= 1 else 0.0
+                    ops.append((kind == "F", j, d, ddp, fs))
+                op_memo[key] = ops
+            row.append(op_memo[key])
+        plans.append(row)
+    bb = model.boundary_bytes()
+    p2p_memo: dict[tuple, float] = {}
+
+    def send_time(rows: int, src: RepSpec, dst: RepSpec) -> float:
+        sn = same_node(src, dst)
+        key = (rows, len(src.ranks), id(src.facts), id(dst.facts), sn)
+        t = p2p_memo.get(key)
+        if t is None:
+            t = p2p_memo[key] = p2p_time(rows * bb / len(src.ranks), src.facts, dst.facts, sn)
+        return t
+
+    # sends of (s, r): forward to stage s+1 [(k, seconds)], backward to stage s-1 [(i, seconds)]
+    fwd_out = [[[(k, send_time(rows, st.reps[i], stages[s + 1].reps[k])) for k, rows in sends_fwd[s][i]]
+                if s < p - 1 else [] for i in range(len(st.reps))] for s, st in enumerate(stages)]
+    bwd_out = [[[(i, send_time(rows, st.reps[k], stages[s - 1].reps[i])) for i, rows in sends_bwd[s][k]]
+                if s > 0 else [] for k in range(len(st.reps))] for s, st in enumerate(stages)]
+
+    arr_f = [[[0.0] * m for _ in range(n)] for n in nreps]    # arrival of the last input, per op
+    arr_b = [[[0.0] * m for _ in range(n)] for n in nreps]
+    got_f = [[[0] * m for _ in range(n)] for n in nreps]
+    got_b = [[[0] * m for _ in range(n)] for n in nreps]
+    done_f = [[[None] * m for _ in range(n)] for n in nreps]
+    done_b = [[[None] * m for _ in range(n)] for n in nreps]
+    start_f = [[[0.0] * m for _ in range(n)] for n in nreps]
+    start_b = [[[0.0] * m for _ in range(n)] for n in nreps]
+    pos = [[0] * n for n in nreps]
+    free = [[0.0] * n for n in nreps]
     last_b: dict[int, list] = defaultdict(list)   # stage -> (replica, start, end) of its last backward
     red_at: dict[int, float] = {}                 # stage -> end of its DP reduction, once known
     events = []
-    total_ops = sum(len(q) for row in queues for q in row)
+    total_ops = sum(len(scheds[s]) * nreps[s] for s in range(p))
     finished = 0
     # worklist of replicas that may be able to run their next op
-    work = [(s, r) for s in range(p) for r in range(len(stages[s].reps))]
+    work = [(s, r) for s in range(p) for r in range(nreps[s])]
     while work:
         nxt = []
         progressed = False
         for s, r in work:
-            while pos[s][r] < len(queues[s][r]):
-                kind, j = queues[s][r][pos[s][r]]
-                key = (kind, s, r, j)
-                if got[key] < need[key] or (kind == "B" and ("F", s, r, j) not in done):
-                    break
-                c = costs[s][r]
-                t0 = max(free[s][r], arrivals[key])
-                t1 = t0 + (c.fwd if kind == "F" else c.bwd + (c.grad_acc if j else 0.0))
-                if kind == "B" and j == m - 1:
-                    t1 += ddp_copy_in[s][r]
-                if layout.zero >= 1:
-                    t1 += fsdp_copies(s, r, kind, j)
-                done[key], start_of[key] = t1, t0
-                free[s][r] = t1
-                pos[s][r] += 1
+            ops = plans[s][r]
+            nops = len(ops)
+            pr = pos[s][r]
+            fr = free[s][r]
+            while pr < nops:
+                is_f, j, d, ddp, fs = ops[pr]
+                if is_f:
+                    if got_f[s][r][j] < need_f[s][r]:
+                        break
+                    t0 = fr if fr >= arr_f[s][r][j] else arr_f[s][r][j]
+                else:
+                    if got_b[s][r][j] < need_b[s][r] or done_f[s][r][j] is None:
+                        break
+                    t0 = fr if fr >= arr_b[s][r][j] else arr_b[s][r][j]
+                t1 = t0 + d
+                if ddp:
+                    t1 += ddp
+                if fs:
+                    t1 += fs
+                if is_f:
+                    done_f[s][r][j], start_f[s][r][j] = t1, t0
+                else:
+                    done_b[s][r][j], start_b[s][r][j] = t1, t0
+                fr = t1
+                pr += 1
                 finished += 1
                 progressed = True
                 if trace:
                     rep = stages[s].reps[r]
-                    events.append({"name": f"{kind}{j}", "ph": "X", "ts": t0 * 1e6, "dur": (t1 - t0) * 1e6,
-                                   "pid": s, "tid": r, "args": {"ranks": list(rep.ranks), "chip": rep.facts.name,
-                                                                "microbatch_rows": rep.mb}})
+                    events.append({"name": f"{'F' if is_f else 'B'}{j}", "ph": "X", "ts": t0 * 1e6,
+                                   "dur": (t1 - t0) * 1e6, "pid": s, "tid": r,
+                                   "args": {"ranks": list(rep.ranks), "chip": rep.facts.name,
+                                            "microbatch_rows": rep.mb}})
                 # sends, one after another on this replica's links
-                rep = stages[s].reps[r]
-                tp = len(rep.ranks)
                 t_send = t1
-                if kind == "F" and s < p - 1:
-                    for k, rows in sends_fwd[s][r]:
-                        dst = stages[s + 1].reps[k]
-                        t_send += p2p_time(rows * model.boundary_bytes() / tp, rep.facts, dst.facts, same_node(rep, dst))
-                        dkey = ("F", s + 1, k, j)
-                        arrivals[dkey] = max(arrivals[dkey], t_send)
-                        got[dkey] += 1
-                        nxt.append((s + 1, k))
-                if kind == "B" and s > 0:
-                    if j == m - 1 and len(stages[s].reps) > 1 and layout.send_after_reduction:
+                if is_f:
+                    if s < p - 1:
+                        af, gf = arr_f[s + 1], got_f[s + 1]
+                        for k, dt in fwd_out[s][r]:
+                            t_send += dt
+                            if t_send > af[k][j]:
+                                af[k][j] = t_send
+                            gf[k][j] += 1
+                            nxt.append((s + 1, k))
+                elif s > 0:
+                    if j == m - 1 and nreps[s] > 1 and layout.send_after_reduction:
                         # the last backward returns after the stage's DP reduction when that runs
                         # inside backward: every replica's input gradients wait for it
                         last_b[s].append((r, t0, t1))
-                        if len(last_b[s]) < len(stages[s].reps):
+                        if len(last_b[s]) < nreps[s]:
                             continue
                         red_at[s], inside = reduction(s, max(x[1] for x in last_b[s]), max(x[2] for x in last_b[s]))
                         leave = [(rr, red_at[s] if inside else t_end) for rr, _, t_end in last_b[s]]
                     else:
                         leave = [(r, t1)]
+                    ab, gb = arr_b[s - 1], got_b[s - 1]
                     for rr, t_send in leave:
-                        src = stages[s].reps[rr]
-                        for i, rows in sends_bwd[s][rr]:
-                            dst = stages[s - 1].reps[i]
-                            t_send += p2p_time(rows * model.boundary_bytes() / len(src.ranks), src.facts, dst.facts,
-                                               same_node(src, dst))
-                            dkey = ("B", s - 1, i, j)
-                            arrivals[dkey] = max(arrivals[dkey], t_send)
-                            got[dkey] += 1
+                        for i, dt in bwd_out[s][rr]:
+                            t_send += dt
+                            if t_send > ab[i][j]:
+                                ab[i][j] = t_send
+                            gb[i][j] += 1
                             nxt.append((s - 1, i))
+            pos[s][r] = pr
+            free[s][r] = fr
         work = list(dict.fromkeys(nxt))
         if not progressed and finished < total_ops and not work:
             break
@@ -379,8 +447,8 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
     red_ends: list[float] = []
     for s, st in enumerate(stages):
         dp = len(st.reps)
-        last_b_start = max(start_of[("B", s, r, m - 1)] for r in range(dp))
-        last_b_end = max(done[("B", s, r, m - 1)] for r in range(dp))
+        last_b_start = max(start_b[s][r][m - 1] for r in range(dp))
+        last_b_end = max(done_b[s][r][m - 1] for r in range(dp))
         red_end = red_at[s] if s in red_at else reduction(s, last_b_start, last_b_end)[0]
         red_ends.append(red_end)
         if trace and dp > 1:
@@ -398,7 +466,7 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
         row = []
         for r, rep in enumerate(st.reps):
             end = t_barrier + costs[s][r].optimizer
-            row.append((end, red_ends[s] - done[("B", s, r, m - 1)]))
+            row.append((end, red_ends[s] - done_b[s][r][m - 1]))
             step_end = max(step_end, end)
         per_rep_end.append(row)
 
@@ -409,17 +477,17 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
     busy_all = comm_all = bubble_all = 0.0
     fits = True
     for s, st in enumerate(stages):
+        fl_model = (model.layer_fwd_flops() * st.n_layers + (model.head_fwd_flops() if s == p - 1 else 0)) * 3
         for r, rep in enumerate(st.reps):
             c = costs[s][r]
             tp = len(rep.ranks)
             busy = m * (c.fwd + c.bwd) + (m - 1) * c.grad_acc
             inner_comm = m * (c.tp_comm + c.ep_comm)
             end, exposed = per_rep_end[s][r]
-            first_start = start_of[("F", s, r, 0)]
-            last_end = done[("B", s, r, m - 1)]
+            first_start = start_f[s][r][0]
+            last_end = done_b[s][r][m - 1]
             bubble = max(0.0, (last_end - first_start) - busy) + first_start
             idle = max(0.0, step_end - end)
-            fl_model = (model.layer_fwd_flops() * st.n_layers + (model.head_fwd_flops() if s == p - 1 else 0)) * 3
             fl_rank = fl_model * rep.mb * m / tp
             for rank in rep.ranks:
                 ranks.append(RankStats(rank=rank, chip=rep.facts.chip, sub_cluster=rep.facts.name, stage=s,
