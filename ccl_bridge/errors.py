@@ -1,7 +1,7 @@
 """Typed errors of the `hetero` bridge: each names the group, the op, its sequence number and the stage."""
 from __future__ import annotations
 
-from hal.errors import HalError
+from hal.errors import CollectivePeerError, CollectiveTimeoutError, HalError
 
 
 class BridgeError(HalError):
@@ -21,12 +21,12 @@ class BridgeCollectiveError(BridgeError):
         super().__init__(message)
 
 
-class BridgeTimeoutError(BridgeCollectiveError, TimeoutError):
+class BridgeTimeoutError(BridgeCollectiveError, CollectiveTimeoutError):
     """A collective did not finish within the group's timeout (plus the bridge's grace): a peer is
     frozen, dead or behind."""
 
 
-class BridgePeerError(BridgeCollectiveError):
+class BridgePeerError(BridgeCollectiveError, CollectivePeerError):
     """A peer failed (connection reset, peer raised) or the group is unusable after an earlier failure."""
 
 

@@ -59,6 +59,21 @@ class ClusterSpecError(HalError, ValueError):
     """A cluster spec file is invalid; the message names field, value and (where known) line."""
 
 
+# ---- what a survivor sees when a peer of a collective fails, on any fabric --------------------------
+# The chips' CCLs (hal.shm for the emulated ones) and the `hetero` bridge (ccl_bridge.errors) raise
+# their own typed errors, with their own fields; both derive from these two, so a trainer catches one
+# type whichever side of the bridge the failed collective ran on (a DP group inside one sub-cluster is
+# that chip's CCL itself, the bridge passes single-chip groups through).
+class CollectivePeerError(HalError):
+    """A peer of a collective or send/recv died or raised, or the group is unusable after an earlier
+    failure (ShmPeerDiedError, ShmAbortedError, BridgePeerError)."""
+
+
+class CollectiveTimeoutError(HalError, TimeoutError):
+    """A collective or send/recv did not finish within its group's bound: a peer is frozen, dead or
+    behind (ShmTimeoutError, BridgeTimeoutError)."""
+
+
 # ---- one definition of how a pydantic location is named in an error message ---------------------
 def field_path(loc) -> str:
     """('stages', 1, 'layers') -> 'stages[1].layers' (used by the cluster spec, Plan and configs)."""

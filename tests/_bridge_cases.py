@@ -568,8 +568,10 @@ def fault(point: str, action: str, victim: int, n: int, timeout_s: float, freeze
             collective(x)
         return {"error": None, "seconds": time.monotonic() - t0}
     except ccl_bridge.BridgeCollectiveError as exc:
+        from hal.errors import CollectivePeerError, CollectiveTimeoutError
         return {"error": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__, "op": exc.op, "seq": exc.seq,
-                "seconds": time.monotonic() - t0, "queued": G.pop("queued", None)}
+                "seconds": time.monotonic() - t0, "queued": G.pop("queued", None),
+                "hal_base": [c.__name__ for c in (CollectivePeerError, CollectiveTimeoutError) if isinstance(exc, c)]}
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__, "seconds": time.monotonic() - t0}
     finally:

@@ -38,6 +38,9 @@ def _check_survivors(outcomes, victim):
         assert o.ok, f"rank {o.rank}: {o.error}"
         res = o.value
         assert res["type"] in ("BridgeTimeoutError", "BridgePeerError"), f"rank {o.rank}: {res}"
+        # the same base as the chips' CCL errors (hal.shm): one type to catch on either side
+        want = "CollectiveTimeoutError" if res["type"] == "BridgeTimeoutError" else "CollectivePeerError"
+        assert res["hal_base"] == [want], f"rank {o.rank}: {res}"
         assert res["op"] == "all_reduce" and res["seq"] == 1, f"rank {o.rank}: {res}"
         assert "all_reduce" in res["error"] and "#1" in res["error"], res["error"]
         assert res["seconds"] <= TIMEOUT + GRACE + SLACK, f"rank {o.rank} took {res['seconds']:.1f}s: {res}"

@@ -341,9 +341,11 @@ def kill_peer(victim: int) -> dict:
         second = None
     except Exception as exc:
         second = exc
+    from hal.errors import CollectivePeerError
     return {"type": type(first).__name__, "peer": getattr(first, "peer", None), "op": getattr(first, "op", None),
             "seq": getattr(first, "seq", None), "msg": str(first), "seconds": took,
-            "second": type(second).__name__, "second_msg": str(second)}
+            "second": type(second).__name__, "second_msg": str(second),
+            "peer_error": [isinstance(e, CollectivePeerError) for e in (first, second)]}
 
 
 def stalled_peer(timeout_s: float) -> dict:
@@ -581,6 +583,7 @@ def test_killed_peer_raises_and_leaves_nothing(pool):
         assert o["peer"] == 1 and o["op"] == "all_reduce" and o["seq"] is not None, o
         assert "rank 1 (pid" in o["msg"] and "died" in o["msg"]
         assert o["second"] in ("ShmPeerDiedError", "ShmAbortedError"), o
+        assert o["peer_error"] == [True, True], o    # hal.errors.CollectivePeerError, as the bridge's
     assert _ours(sorted(os.listdir("/dev/shm")), pids) == []
 
 

@@ -2,9 +2,10 @@
 the recovery accounting of the restarted job (time to recover, steps lost).
 
 How a fault ends (docs/training.md, "Faults and elasticity"): a rank that dies or freezes makes every
-other rank's next collective with it fail within the group's bound with the bridge's typed error
+other rank's next collective with it fail within the group's bound with a typed error: the bridge's
 (ccl_bridge.errors.BridgePeerError for a dead peer, BridgeTimeoutError for a frozen one, after
-`timeout_s` + HAL_BRIDGE_GRACE_S); each failing rank writes one record and exits at once (os._exit, so no
+`timeout_s` + HAL_BRIDGE_GRACE_S) or, in a group inside one chip kind, that chip's CCL's (hal.shm's);
+both are hal.errors.CollectivePeerError / CollectiveTimeoutError; each failing rank writes one record and exits at once (os._exit, so no
 interpreter clean-up waits on a broken group), torchrun (`hal train --max-restarts N`) stops the rest and
 starts the job again, and the new job resumes from the newest complete checkpoint. Steps since it are lost.
 A relaunch on a different cluster (a node removed or replaced) resumes the same way; with `plan.source =

@@ -1,13 +1,15 @@
 """Typed errors of the shared-memory fabric; each names the rank, op, sequence number and peer.
 
 The C++ extension raises these directly (its exception translator imports this module), so code
-can catch `ShmTimeoutError` or, more broadly, `HalError`.
+can catch `ShmTimeoutError` or, more broadly, `HalError`. A dead or aborted peer is also a
+`hal.errors.CollectivePeerError`, a timeout a `hal.errors.CollectiveTimeoutError`: the bridge's
+errors share those bases.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from ..errors import HalError, NotSupportedError
+from ..errors import CollectivePeerError, CollectiveTimeoutError, HalError, NotSupportedError
 
 
 class ShmError(HalError):
@@ -20,11 +22,11 @@ class ShmError(HalError):
         self.rank, self.op, self.seq, self.peer = rank, op, seq, peer
 
 
-class ShmTimeoutError(ShmError, TimeoutError):
+class ShmTimeoutError(ShmError, CollectiveTimeoutError):
     """A peer did not arrive (or a send/recv made no progress) within the group's timeout."""
 
 
-class ShmPeerDiedError(ShmError):
+class ShmPeerDiedError(ShmError, CollectivePeerError):
     """A peer process exited or was killed while this rank waited for it."""
 
 
@@ -32,7 +34,7 @@ class ShmMismatchError(ShmError, ValueError):
     """Ranks called different collectives, or with different sizes, dtypes, ops, roots or splits."""
 
 
-class ShmAbortedError(ShmError):
+class ShmAbortedError(ShmError, CollectivePeerError):
     """The group was aborted earlier (by this rank or a peer, for the reason in the message)."""
 
 
