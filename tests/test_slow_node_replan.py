@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
+
+from ._hal_train_job import run_hal_train
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB_LIMIT_S = 240
@@ -57,18 +55,9 @@ print_interval = 1
 
 def test_throttled_rank_is_replanned_mid_run_and_training_finishes(tmp_path):
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HAL_TRAIN_THROTTLE": "1:4", "OMP_NUM_THREADS": "1"}
-    for k in ("HAL_EMULATE", "HAL_TRAIN_FAULT", "HAL_TRAIN_LINK_DELAY"):
-        env.pop(k, None)
     config = _config(tmp_path / "r.toml", run)
-    proc = subprocess.Popen([sys.executable, "-m", "hal.cli", "train", "--config", str(config), "--max-restarts", "1"], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=JOB_LIMIT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every rank with it
-        out, _ = proc.communicate()
-        raise AssertionError(f"hal train did not end within {JOB_LIMIT_S} s (a hang):\n{out[-4000:]}")
+    proc = run_hal_train(config, 1, JOB_LIMIT_S, HAL_TRAIN_THROTTLE="1:4")
+    out = proc.stdout
     assert proc.returncode == 0, out[-4000:]
     s = json.loads((run / "summary.json").read_text())
     (rp,) = s["replans"]

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
+from ._hal_train_job import run_hal_train
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB_LIMIT_S = 360
@@ -62,19 +62,7 @@ print_interval = 1
 
 
 def _hal_train(config: Path, faults: str, max_restarts: int) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HAL_BRIDGE_GRACE_S": "1", "HAL_TRAIN_FAULT": faults,
-           "OMP_NUM_THREADS": "1"}
-    env.pop("HAL_EMULATE", None)
-    proc = subprocess.Popen([sys.executable, "-m", "hal.cli", "train", "--config", str(config),
-                             "--max-restarts", str(max_restarts)], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=JOB_LIMIT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every rank with it
-        out, _ = proc.communicate()
-        raise AssertionError(f"hal train did not end within {JOB_LIMIT_S} s (a hang):\n{out[-4000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+    return run_hal_train(config, max_restarts, JOB_LIMIT_S, HAL_BRIDGE_GRACE_S="1", HAL_TRAIN_FAULT=faults)
 
 
 def _error_class(name: str):
