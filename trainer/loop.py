@@ -188,8 +188,8 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
             losses.append(loss)
             done = step + 1
             issue = link_watch.issue_seconds() - issue0
-            rec = mon.end(done, loss, lr, grad_norm)  # every rank's timings (trainer/metrics.py)
-            _slow_links(rec, issue, links, book, world, rank, done, log)
+            rec = mon.end(done, loss, lr, grad_norm, issue)  # every rank's timings (trainer/metrics.py)
+            _slow_links(rec, links, book, world, rank, done, log)
             if rank == 0:
                 rec.update(el.step_done(done))  # attempt; restart (time to recover, steps lost) once recovered
             if cfg.log.val_interval and done % cfg.log.val_interval == 0 and done != cfg.last_step:
@@ -254,18 +254,13 @@ def train(cfg: TrainConfig, log: Callable[[str], None] = print) -> dict:
             "val": val_hist, "final_val_loss": final_val, "digest": digest, "resumed": summary["resumed"]}
 
 
-def _slow_links(rec: dict, issue: float, links, book, world: int, rank: int, done: int,
-                log: Callable[[str], None]) -> None:
-    """Every rank: gather each rank's link issue seconds of this step, run the slow-link check
-    (trainer.slow_node.SlowLinkDetector), name the link of a newly found rank (collective, the same
-    decision on every rank) and log it once on rank 0."""
+def _slow_links(rec: dict, links, book, world: int, rank: int, done: int, log: Callable[[str], None]) -> None:
+    """Every rank: the slow-link check (trainer.slow_node.SlowLinkDetector) on each rank's link issue
+    seconds of this step (gathered with the step's timings in RunMetrics.end), name the link of a newly
+    found rank (collective, the same decision on every rank) and log it once on rank 0."""
     from . import link_watch
     from .slow_node import name_link
-    parts = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
-    dist.all_gather(parts, torch.tensor([issue], dtype=torch.float64), group=book)
-    issue_s = [float(p) for p in parts]
-    rec["rank_link_issue_s"] = issue_s
-    found = links.update(issue_s, rec["rank_step_s"], rec["rank_wait_s"])
+    found = links.update(rec["rank_link_issue_s"], rec["rank_step_s"], rec["rank_wait_s"])
     if not found:
         return
     rec["slow_link_ranks"] = [f["rank"] for f in found]

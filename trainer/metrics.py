@@ -184,8 +184,8 @@ class Display:
 
 # ---- the run's metrics ---------------------------------------------------------------------------
 # per rank: step_s, compute_s, thread cpu s, clock flops, clock bytes, overruns, overrun_s, device s,
-# bubble_s, comm_s (NaN: not measured)
-_FIELDS = 10
+# bubble_s, comm_s (NaN: not measured), link issue s (trainer/link_watch.py)
+_FIELDS = 11
 
 
 def split_step(step_s: float, compute_s: float, bubble_s: Optional[float], comm_s: Optional[float]) -> dict:
@@ -259,15 +259,16 @@ class RunMetrics:
             self.clock.sync()  # the previous step's device work is done before this step's clock starts
         self._t0 = self._sample()
 
-    def end(self, done: int, loss: float, lr: float, grad_norm: float) -> dict:
-        """Collective on the bookkeeping group: gathers every rank's timings; returns the step's record
-        (complete on rank 0)."""
+    def end(self, done: int, loss: float, lr: float, grad_norm: float, link_issue_s: float = 0.0) -> dict:
+        """Collective on the bookkeeping group: gathers every rank's timings (and `link_issue_s`, this
+        rank's seconds submitting to its links: trainer/link_watch.py) in one all_gather; returns the
+        step's record (complete on rank 0)."""
         if self.clock is not None:
             self.clock.sync()  # the step ends when this chip's last op would have
         t1 = self._sample()
         (w0, c0, s0, r0), (w1, c1, s1, r1) = self._t0, t1
         nan = float("nan")
-        mine = [w1 - w0, c1 - c0, c1 - c0, 0.0, 0.0, 0.0, 0.0, c1 - c0, nan, nan]
+        mine = [w1 - w0, c1 - c0, c1 - c0, 0.0, 0.0, 0.0, 0.0, c1 - c0, nan, nan, link_issue_s]
         if s0 is not None:
             mine[7] = s1["busy_s"] - s0["busy_s"]  # the emulated chip's own time (its ops at its speed)
             mine[1] = mine[7] + (s1["overrun_s"] - s0["overrun_s"])
@@ -289,7 +290,7 @@ class RunMetrics:
         rec: dict[str, Any] = {"step": done, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                                "tokens_per_s": self.tokens / slowest, "step_s": slowest,
                                "rank_step_s": step_s, "rank_compute_s": compute_s, "rank_wait_s": wait_s,
-                               "rank_device_s": [r[7] for r in rows],
+                               "rank_device_s": [r[7] for r in rows], "rank_link_issue_s": [r[10] for r in rows],
                                "rank_wait_share": [w / s if s > 0 else 0.0 for w, s in zip(wait_s, step_s)],
                                "bubble_est": self.bubble, "time": time.time()}
         splits = [split_step(r[0], r[1], *(None if math.isnan(x) else x for x in r[8:10])) for r in rows]
