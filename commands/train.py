@@ -91,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         nproc, env, source, chips = plan(cfg, args, os.environ)
     except HalError as exc:
         return fail("hal train", exc)
+    if _finished(cfg):
+        return 0
     if cfg.cluster.timed:  # timed emulation for the local ranks (hal.timed)
         env["HAL_EMULATE_TIMED"] = "1"
         if cfg.cluster.time_scale:
@@ -120,6 +122,30 @@ def run(args: argparse.Namespace) -> int:
     code = run_ranks("hal train", cmd, env, log=str(cfg.run_dir / "ranks.log"))
     print(f"hal train: {'done' if code == 0 else f'FAILED (exit code {code})'} in {time.perf_counter() - t0:.0f} s")
     return code
+
+
+def _finished(cfg) -> bool:
+    """The run folder already holds this run trained to its last step (a complete checkpoint there):
+    resuming would train nothing (and --measure-parts would measure the parts again for no run), so say
+    so, with the finished run's figures, and start nothing."""
+    import json
+
+    from trainer.checkpoint import latest
+    done = latest(cfg.checkpoint_dir) if cfg.checkpoint.enabled else None
+    if done is None or done < cfg.last_step:
+        return False
+    try:
+        s = json.loads((cfg.run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        s = {}
+    pct = (lambda x: "n/a" if x is None else f"{x * 100:.1f}%")
+    figures = (f": final validation loss {s['final_val_loss']:.4f} nats, efficiency {pct(s.get('efficiency'))}, "
+               f"Plan.even {pct(s.get('even_efficiency'))} ({(cfg.run_dir / 'summary.json').resolve()})"
+               if isinstance(s.get("final_val_loss"), (int, float)) else "")
+    print(f"hal train: {cfg.run_dir.resolve()} already holds this run finished at step {done} of {cfg.last_step}{figures}; "
+          f"nothing to train. For a new run pass --run-dir DIR (or remove that folder); to train on, raise "
+          f"--steps.", flush=True)
+    return True
 
 
 def main(argv=None) -> int:

@@ -156,6 +156,25 @@ def test_train_exit_code_1_when_a_rank_fails_is_reported_once(tmp_path, launches
     assert len(err) == 2 and "exited with code 1" in err[0] and err[1].endswith("ranks.log"), err
 
 
+def test_train_on_a_finished_run_says_so_and_starts_nothing(tmp_path, launches, capsys):
+    # a run folder whose newest complete checkpoint is the last step: nothing to train, no parts
+    # measured again; the finished run's figures and how to start a new one
+    import json
+    cfg = _config(tmp_path)
+    done = tmp_path / "run" / "checkpoints" / "step_00000004"
+    done.mkdir(parents=True)
+    (done / ".complete").write_text("")
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(
+        {"final_val_loss": 2.5, "efficiency": 0.981, "even_efficiency": 0.52}))
+    assert main(["train", "--config", cfg, "--measure-parts"]) == 0
+    assert launches == []
+    out = capsys.readouterr().out
+    assert "finished at step 4 of 4" in out and "efficiency 98.1%" in out and "--run-dir" in out, out
+    # a checkpoint short of the last step resumes as before (torchrun is started)
+    done.rename(done.with_name("step_00000002"))
+    assert main(["train", "--config", cfg]) == 0 and len(launches) == 1
+
+
 def test_train_rank_failure_at_run_time_prints_the_first_failing_rank_once(tmp_path, monkeypatch):
     """A real job: a data folder that exists (the launcher checks that) but holds no text is refused by
     every rank when it builds the corpus, and the user reads that rank's one line, not torchrun's dump."""
