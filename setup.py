@@ -1,4 +1,4 @@
-"""Build of the C++ shared-memory fabric (hal.shm._shm); all other metadata lives in pyproject.toml.
+"""Build of the C++ shared-memory fabric (hal.emulation.shm._shm); all other metadata lives in pyproject.toml.
 
 Plain pybind11 + C++17 operating on raw pointers, so the build needs no torch headers (pip builds in
 an isolated environment; depending on torch there would pull a multi-GB wheel). -O3 lets GCC
@@ -6,8 +6,8 @@ vectorize the reduce loops; no -march=native, because the wheel must run on any 
 are cloned for AVX2 at load time instead, see csrc/shm_reduce.cpp).
 
 HAL_BUILD_SHM=0 builds without it: a pure-Python install that needs no compiler (a vendor who only
-writes a plugin). Then `hal.shm.available()` says why and how to get the fabric, `HAL_CPU_CCL=auto`
-uses gloo, and `HAL_CPU_CCL=shm` raises `hal.shm.ShmSetupError` (docs/writing-a-plugin.md;
+writes a plugin). Then `hal.emulation.shm.available()` says why and how to get the fabric, `HAL_CPU_CCL=auto`
+uses gloo, and `HAL_CPU_CCL=shm` raises `hal.emulation.shm.ShmSetupError` (docs/writing-a-plugin.md;
 tests/test_install_without_shm.py). Any other value, or unset, builds it (the default install).
 """
 import os
@@ -23,7 +23,7 @@ if BUILD_SHM:
     # Compile the C++ files concurrently (about 30 s of g++ on one core; the reduce kernels dominate).
     ParallelCompile("NPY_NUM_BUILD_JOBS", default=0).install()
     ext = Pybind11Extension(
-        "hal.shm._shm",
+        "hal.emulation.shm._shm",
         sources=sorted(glob("csrc/*.cpp")),
         include_dirs=["csrc"],
         depends=sorted(glob("csrc/*.h")),  # rebuild on header changes; ship them in an sdist
@@ -33,6 +33,6 @@ if BUILD_SHM:
     )
     setup(ext_modules=[ext], cmdclass={"build_ext": build_ext})
 else:
-    print("hetero-hal: HAL_BUILD_SHM=0, building without the C++ shared-memory fabric (hal.shm): "
+    print("hetero-hal: HAL_BUILD_SHM=0, building without the C++ shared-memory fabric (hal.emulation.shm): "
           "CPU and emulated ranks will use gloo")
     setup()

@@ -3,7 +3,7 @@
 
     python benchmarks/activation_memory.py [--hidden 512] [--heads 8] [--ffn 1376] [--seq 512] [--batch 2]
 
-One block of strategies.models.GPT runs forward in bf16 through the bound hal.ops kernels (this host's
+One block of hal.strategies.models.GPT runs forward in bf16 through the bound hal.ops kernels (this host's
 chip; on a machine without an accelerator that is the CPU) under torch.autograd.graph.saved_tensors_hooks;
 the bytes of every distinct storage saved for backward are summed (a tensor saved twice counts once;
 the block's weights are excluded). Then the same with the block under torch.utils.checkpoint (full
@@ -17,7 +17,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import hal
-from strategies.models import ModelConfig, build_model
+from hal.strategies.models import ModelConfig, build_model
 
 
 def saved_bytes(fn, x: torch.Tensor, exclude: set) -> int:

@@ -1,11 +1,11 @@
-"""How long a `hal train` checkpoint holds the training loop: trainer.checkpoint.Checkpointer with
+"""How long a `hal train` checkpoint holds the training loop: hal.trainer.checkpoint.Checkpointer with
 `dcp.async_save` (the default) against synchronous `dcp.save`, on emulated chips (every chip EMULATED on
 this host's CPU; checkpoint files on the local disk).
 
     python benchmarks/checkpoint_async.py [--emulate cuda:2,ascend:2] [--hidden 256] [--layers 4]
                                           [--repeats 5] [--out /tmp/hal-ckpt-bench]
 
-One WorkerPool of ranks lays a GPT (strategies.models, vocab 256) out as PP 2 x DP 2 (Plan.even), takes
+One WorkerPool of ranks lays a GPT (hal.strategies.models, vocab 256) out as PP 2 x DP 2 (Plan.even), takes
 one training step so AdamW has its moments, then saves `--repeats` checkpoints each way. Per save it
 measures, on every rank, the seconds `save()` blocks the caller (async: staging the state into CPU memory
 and starting the writer thread; sync: the whole write) and, for async, the seconds until the write is
@@ -32,13 +32,13 @@ def rank_case(hidden: int, layers: int, repeats: int, out: str) -> dict:
     import torch
     import torch.distributed as dist
 
-    import ccl_bridge  # noqa: F401 - the `hetero` backend
+    import hal.ccl_bridge  # noqa: F401 - the `hetero` backend
     import hal
-    from hal.topology import Topology
-    from strategies.apply import apply_plan
-    from strategies.models import ModelConfig, build_model
-    from strategies.plan import Plan
-    from trainer.checkpoint import Checkpointer
+    from hal.core.topology import Topology
+    from hal.strategies.apply import apply_plan
+    from hal.strategies.models import ModelConfig, build_model
+    from hal.strategies.plan import Plan
+    from hal.trainer.checkpoint import Checkpointer
 
     if not dist.is_initialized():
         dist.init_process_group("hetero", timeout=timedelta(seconds=120))
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="/tmp/hal-ckpt-bench")
     a = ap.parse_args(argv)
-    from hal.emulation import emulated_ranks
+    from hal.emulation.emulate import emulated_ranks
     from hal.testing import WorkerPool
     world = len(emulated_ranks(a.emulate, None))
     shutil.rmtree(a.out, ignore_errors=True)

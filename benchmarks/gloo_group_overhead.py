@@ -1,4 +1,4 @@
-"""What the HAL's gloo group (hal.gloo_group.StridedSafeGloo) costs per call over torch's ProcessGroupGloo.
+"""What the HAL's gloo group (hal.emulation.gloo_group.StridedSafeGloo) costs per call over torch's ProcessGroupGloo.
 
     python benchmarks/gloo_group_overhead.py [--repeats 7] [--calls 2000]
 
@@ -16,8 +16,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from benchmarks.harness import median_us as _median_us
-from hal.gloo_group import StridedSafeGloo
+from hal.bench.harness import median_us as _median_us
+from hal.emulation.gloo_group import StridedSafeGloo
 
 
 def main(argv=None) -> int:

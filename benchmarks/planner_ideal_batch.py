@@ -23,10 +23,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from planner_scale import cluster  # noqa: E402
-from strategies.models import ModelConfig  # noqa: E402
-from strategies.planner import ModelFacts, chip_facts, search  # noqa: E402
-from strategies.planner.facts import with_rails  # noqa: E402
-from strategies.planner.plan_search import _finalize, batch_shares, mixed_candidates  # noqa: E402
+from hal.strategies.models import ModelConfig  # noqa: E402
+from hal.strategies.planner import ModelFacts, chip_facts, search  # noqa: E402
+from hal.strategies.planner.facts import with_rails  # noqa: E402
+from hal.strategies.planner.plan_search import _finalize, batch_shares, mixed_candidates  # noqa: E402
 
 
 def alone(f, model: ModelFacts, batch: int, node_of) -> float:

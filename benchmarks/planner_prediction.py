@@ -5,20 +5,20 @@
 
 For each layout (chip map x Plan, below) the layout is run for real: a WorkerPool of one process per
 rank (torchrun's variables, HAL_EMULATE = the chip map, every chip EMULATED on this host's CPU),
-`strategies.apply.apply_plan` builds the run and each step is what trainer/loop.py runs (`run.step`
+`hal.strategies.apply.apply_plan` builds the run and each step is what hal/trainer/loop.py runs (`run.step`
 + AdamW). The default process group is the `hetero` bridge (`--backend gloo` for plain gloo): timed
-emulation wraps the bridge's Python ProcessGroup collectives (hal.timed, commit 2e72246; before it
+emulation wraps the bridge's Python ProcessGroup collectives (hal.emulation.timed, commit 2e72246; before it
 the clock never saw them and every rank's step came out as its own busy time, no bubble), so the
 clocks synchronise at every collective and send/recv on either backend. All ranks are CPU processes either way. The measured step time is, per step, the longest rank's
 time from a common barrier to the end of its optimizer step; the figure is the median over
-`--repeats` steps after `--warmup`. With timed emulation on (`HAL_EMULATE_TIMED=1`, hal.timed, the
+`--repeats` steps after `--warmup`. With timed emulation on (`HAL_EMULATE_TIMED=1`, hal.emulation.timed, the
 default here) an emulated chip's compute takes the time its speed says on a virtual clock, slept up
 to at synchronisation points, so the steps keep the emulated chips' speed ratios whatever else the
 host runs; communication is the host's real CPU fabric (not emulated).
 
-The prediction is `strategies.planner.simulate` on the same Plan with chip figures that describe the
-EMULATED chips (`strategies.planner.facts.emulated_chip_facts`: the timed emulation's FLOP/s and
-bytes/s at this time scale, `hal.timed.chip_speeds`), not the real chips, and link figures measured
+The prediction is `hal.strategies.planner.simulate` on the same Plan with chip figures that describe the
+EMULATED chips (`hal.strategies.planner.facts.emulated_chip_facts`: the timed emulation's FLOP/s and
+bytes/s at this time scale, `hal.emulation.timed.chip_speeds`), not the real chips, and link figures measured
 on this host by a send/recv ping-pong probe over the same backend before the layouts run
 (alpha + bytes / beta, least squares). It prints each (predicted, measured) pair, the mean absolute
 percentage error and Spearman's rank correlation between the predicted and the measured order.
@@ -45,7 +45,7 @@ MODEL = dict(name="pred", layers=4, hidden=64, heads=4, ffn=128, vocab=256, seq=
 GLOBAL_BATCH = 16
 TIMEOUT_S = 120.0
 DTYPE_BYTES = 4        # build_model's parameters and activations are float32 (bytes are charged as run)
-CHARGE_DTYPE = "bfloat16"   # the dtype timed emulation charges FLOPs at (hal.timed.DEFAULT_DTYPE)
+CHARGE_DTYPE = "bfloat16"   # the dtype timed emulation charges FLOPs at (hal.emulation.timed.DEFAULT_DTYPE)
 
 
 # ---- on every rank (WorkerPool) -------------------------------------------------------------------
@@ -56,7 +56,7 @@ def w_init(backend: str = "gloo", timeout_s: float = TIMEOUT_S) -> dict:
     import torch
     import torch.distributed as dist
 
-    import ccl_bridge  # noqa: F401 - registers the `hetero` backend
+    import hal.ccl_bridge  # noqa: F401 - registers the `hetero` backend
     import hal
     global _book
     torch.set_num_threads(1)
@@ -75,8 +75,8 @@ def _flush() -> None:
 
 def w_probe(sizes: list, reps: int) -> list:
     """Ping-pong between rank 0 and the last rank (different chips) over the world group: the
-    one-way seconds per size (strategies.planner.link_probe, the probe hal train's plan auto uses)."""
-    from strategies.planner.link_probe import ping_pong
+    one-way seconds per size (hal.strategies.planner.link_probe, the probe hal train's plan auto uses)."""
+    from hal.strategies.planner.link_probe import ping_pong
     return ping_pong(sizes, reps, _book)
 
 
@@ -86,10 +86,10 @@ def w_measure(plan_json: str, model: dict, warmup: int, repeats: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from hal.topology import Topology
-    from strategies.apply import apply_plan
-    from strategies.models import ModelConfig, build_model
-    from strategies.plan import Plan
+    from hal.core.topology import Topology
+    from hal.strategies.apply import apply_plan
+    from hal.strategies.models import ModelConfig, build_model
+    from hal.strategies.plan import Plan
     plan = Plan.from_json(plan_json)
     cfg = ModelConfig(**model)
     topo = Topology.from_env(world_size=dist.get_world_size())
@@ -101,7 +101,7 @@ def w_measure(plan_json: str, model: dict, warmup: int, repeats: int) -> dict:
     data = torch.randint(0, cfg.vocab, (plan.global_batch, cfg.seq + 1), generator=g)
     x, y = data[:, :-1], data[:, 1:]
     try:
-        from hal import timed
+        from hal.emulation import timed
         clock = timed.active_clock()
     except ImportError:
         clock = None
@@ -136,9 +136,9 @@ def _manual(stages, m: int, zero: int = 0) -> str:
 
 def layouts(speeds: dict) -> list[tuple[str, str, str]]:
     """(name, HAL_EMULATE map, Plan JSON). `speeds`: chip -> emulated FLOP/s (for Plan.weighted)."""
-    from hal.topology import Topology
-    from strategies.models import ModelConfig
-    from strategies.plan import Plan
+    from hal.core.topology import Topology
+    from hal.strategies.models import ModelConfig
+    from hal.strategies.plan import Plan
     cfg = ModelConfig(**MODEL)
     G = GLOBAL_BATCH
     out = []
@@ -168,7 +168,7 @@ def layouts(speeds: dict) -> list[tuple[str, str, str]]:
     return out
 
 
-from strategies.planner.link_probe import fit_link  # noqa: E402 - one definition
+from hal.strategies.planner.link_probe import fit_link  # noqa: E402 - one definition
 
 
 # ---- the comparison ----------------------------------------------------------------------------------
@@ -195,20 +195,20 @@ def spearman(a: list, b: list) -> float:
 
 
 def predict(plan_json: str, emap: str, scale: float, link: tuple[float, float], timed_on: bool):
-    from hal.topology import Topology
-    from strategies.models import ModelConfig
-    from strategies.plan import Plan
-    from strategies.planner.convert import from_plan
-    from strategies.planner.cost import ModelFacts
-    from strategies.planner.facts import emulated_chip_facts
-    from strategies.planner.simulate import simulate
+    from hal.core.topology import Topology
+    from hal.strategies.models import ModelConfig
+    from hal.strategies.plan import Plan
+    from hal.strategies.planner.convert import from_plan
+    from hal.strategies.planner.cost import ModelFacts
+    from hal.strategies.planner.facts import emulated_chip_facts
+    from hal.strategies.planner.simulate import simulate
     chips = [c for item in emap.split(",") for c, n in [item.split(":")] for _ in range(int(n))]
     topo = Topology.from_chips(chips)
     lat, bw = link
     if timed_on:
         facts = emulated_chip_facts(topo, scale, bw, lat, CHARGE_DTYPE)
     else:   # harness check: catalog figures of the real chips (nothing to compare with)
-        from strategies.planner.facts import chip_facts
+        from hal.strategies.planner.facts import chip_facts
         facts = [chip_facts(sc) for sc in topo.sub_clusters]
     plan = Plan.from_json(plan_json)
     cfg = ModelConfig(**MODEL)
@@ -216,7 +216,7 @@ def predict(plan_json: str, emap: str, scale: float, link: tuple[float, float], 
     lay = from_plan(plan, facts, {r: topo.node_of(r) for r in range(topo.world_size)})
     global _PROFILE
     if _PROFILE is None:
-        from strategies.planner.op_profile import OpProfile
+        from hal.strategies.planner.op_profile import OpProfile
         _PROFILE = OpProfile(cfg)
     by_ops = simulate(lay, ModelFacts(cfg, dtype_bytes=DTYPE_BYTES, op_profile=_PROFILE))
     by_totals = simulate(lay, ModelFacts(cfg, dtype_bytes=DTYPE_BYTES))
@@ -229,7 +229,7 @@ _PROFILE = None
 def main(argv=None) -> int:
     from hal.testing import WorkerPool
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scale", type=float, default=None, help="HAL_EMULATE_TIME_SCALE (default: hal.timed's)")
+    p.add_argument("--scale", type=float, default=None, help="HAL_EMULATE_TIME_SCALE (default: hal.emulation.timed's)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--only", nargs="*", default=None, help="layout names containing any of these")
@@ -241,12 +241,12 @@ def main(argv=None) -> int:
     timed_on = not args.untimed
     scale = args.scale
     if timed_on:
-        from hal import timed
+        from hal.emulation import timed
         if scale is None:
             scale = timed.DEFAULT_TIME_SCALE
     speeds = {}
     if timed_on:
-        from hal import timed
+        from hal.emulation import timed
         for chip in ("cuda", "ascend", "kunlun"):
             speeds[chip] = timed.chip_speeds(chip, CHARGE_DTYPE, scale)[0]
     else:

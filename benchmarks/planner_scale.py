@@ -22,10 +22,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hal.cluster import parse_cluster_spec  # noqa: E402
-from hal.topology import Topology  # noqa: E402
-from strategies.models import ModelConfig  # noqa: E402
-from strategies.planner import ModelFacts, chip_facts, search  # noqa: E402
+from hal.core.cluster import parse_cluster_spec  # noqa: E402
+from hal.core.topology import Topology  # noqa: E402
+from hal.strategies.models import ModelConfig  # noqa: E402
+from hal.strategies.planner import ModelFacts, chip_facts, search  # noqa: E402
 
 
 def cluster(n: int) -> Topology:

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.shm_vs_gloo [--ranks 2,4] [--repeats 5] [--sizes 4K,1M,64M] [--json out.json]
 
-The measurement is `hal bench comm`'s (benchmarks/comm.py on benchmarks/harness.py): in one
+The measurement is `hal bench comm`'s (hal/bench/comm.py on hal/bench/harness.py): in one
 hal.testing.WorkerPool per world size, every rank builds an shm group and a gloo group and, size by
 size, measures shm then gloo on the same processes (one run, so machine noise hits both alike);
 figures are medians over repeats of the slowest rank, busbw by the nccl-tests factors, #wrong from a
@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from benchmarks.harness import Row, comparison_lines, parse_size
+from hal.bench.harness import Row, comparison_lines, parse_size
 
 SIZES = tuple(4096 * 4 ** k for k in range(8))  # 4 KiB .. 64 MiB
 OPS = ("all_reduce", "all_gather")
@@ -35,7 +35,7 @@ def _rank_main(ops: list, sizes: list, repeats: int, timeout_s: float) -> dict:
 
     import torch.distributed as dist
 
-    from benchmarks.comm import make_group, measure
+    from hal.bench.comm import make_group, measure
 
     timeout = timedelta(seconds=timeout_s)
     dist.init_process_group("gloo", timeout=timeout)  # the control group (barriers, gathering results)

@@ -7,7 +7,7 @@ link-bound model. Prints figures (never pass/fail). Needs root.
 The bed: host 0 runs 2 emulated cuda ranks, host 1 2 emulated ascend ranks; each rank has its own
 veth NIC shaped by tbf to --rate in both directions (a line rate this 2-core machine can saturate, so
 the links and not the CPU bound the time). Each op is one torchrun job across the hosts running
-`python -m commands.bench comm --backend hetero --baseline gloo` (size by size, same job), with
+`python -m hal.cli.bench comm --backend hetero --baseline gloo` (size by size, same job), with
 `--stages` for all_reduce (the bridge's own stages timed one by one on groups shaped like its own).
 
 Link-bound model (payload only; S = message bytes per rank, B = --rate in bytes/s, k = 2 sub-clusters
@@ -33,8 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testbed import BedSpec, Testbed, parse_rate  # noqa: E402
-from testbed.launch import launch  # noqa: E402
+from hal.testbed import BedSpec, Testbed, parse_rate  # noqa: E402
+from hal.testbed.launch import launch  # noqa: E402
 
 CHIPS = ["cuda", "cuda", "ascend", "ascend"]
 
@@ -56,7 +56,7 @@ def all_to_all_model_s(size: int, rate_bps: float, w: int = 4, n: int = 2) -> fl
 
 
 def run_op(bed: Testbed, op: str, args, json_path: str) -> tuple[dict, dict, float]:
-    target = ["-m", "commands.bench", "comm", "--op", op, "--backend", "hetero",
+    target = ["-m", "hal.cli.bench", "comm", "--op", op, "--backend", "hetero",
               *([] if args.no_baseline else ["--baseline", "gloo"]), "--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes, "--step-factor", "2",
               "--iters", str(args.iters), "--warmup", "1", "--repeats", str(args.repeats),
               "--timeout", "600", "--json", json_path]

@@ -110,14 +110,14 @@ def main() -> int:
     p.add_argument("--queue-ms", type=float, default=100.0, help="tbf queue length in ms of line rate")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    from benchmarks.harness import parse_size
+    from hal.bench.harness import parse_size
     nbytes = parse_size(args.bytes)
     if args.worker:
         worker(nbytes, args.repeats)
         return 0
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from testbed import BedSpec, Testbed, parse_rate
-    from testbed.launch import launch
+    from hal.testbed import BedSpec, Testbed, parse_rate
+    from hal.testbed.launch import launch
     rate = parse_rate(args.rate)
     with Testbed(BedSpec.of([2, 2], rate=rate, queue_ms=args.queue_ms)) as bed:
         job = launch(bed, [str(Path(__file__).resolve()), "--worker", "--bytes", args.bytes, "--repeats",

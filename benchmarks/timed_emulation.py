@@ -1,4 +1,4 @@
-"""Timed emulation (hal.timed) against speed dilation: speed ratio between two emulated chips, and step repeatability.
+"""Timed emulation (hal.emulation.timed) against speed dilation: speed ratio between two emulated chips, and step repeatability.
 
     python benchmarks/timed_emulation.py [--ranks 4 8] [--steps 8] [--warmup 2] [--scale S] [--matmul 1024]
                                          [--modes timed dilation] [--only ratio|repeat] [--json out.json]
@@ -9,10 +9,10 @@ Every chip here is EMULATED on this host's CPU; communication is the host's real
     trainer's tiny GPT, examples/models/tiny.toml with vocab 256, seq 64; forward, backward, AdamW; no
     collective inside the timed region) from a common barrier, synchronised at both ends. Measured:
     median ascend step / median cuda step. Target: timed, the ratio of the two clocks' charged times
-    (the profiles through hal.timed's cost formula); dilation, its slow-down factor (bf16 peak ratio).
+    (the profiles through hal.emulation.timed's cost formula); dilation, its slow-down factor (bf16 peak ratio).
     The tiny GPT's ops are all memory-bound at these chips' figures (its ratio is the bandwidth
     ratio); `--matmul 1024` adds a compute-bound step (one 1024^3 matmul: the bf16 peak ratio).
-(b) repeatability: the trainer's step (strategies.apply.apply_plan of Plan.even: DDP over every
+(b) repeatability: the trainer's step (hal.strategies.apply.apply_plan of Plan.even: DDP over every
     rank, `hetero` backend) on the same cluster; per step the slowest rank's time from a common
     barrier to the end of its optimizer step, synchronised. Printed: median and (max - min) / median.
 
@@ -43,7 +43,7 @@ def w_init() -> dict:
     import torch
     import torch.distributed as dist
 
-    import ccl_bridge  # noqa: F401 - registers the `hetero` backend
+    import hal.ccl_bridge  # noqa: F401 - registers the `hetero` backend
     import hal
     global _book
     torch.set_num_threads(1)
@@ -55,13 +55,13 @@ def w_init() -> dict:
 
 
 def _clock_stats():
-    from hal import timed
+    from hal.emulation import timed
     c = timed.active_clock()
     return c.stats() if c is not None else None
 
 
 def _reset_clock():
-    from hal import timed
+    from hal.emulation import timed
     c = timed.active_clock()
     if c is not None:
         c.reset_stats()
@@ -93,8 +93,8 @@ def w_local_steps(warmup: int, steps: int) -> dict:
     import torch.distributed as dist
 
     import hal
-    from strategies.models import ModelConfig, build_model
-    from strategies.models.data import lm_loss_sum
+    from hal.strategies.models import ModelConfig, build_model
+    from hal.strategies.models.data import lm_loss_sum
     acc = hal.accelerator()
     cfg = ModelConfig(**MODEL)
     net = build_model(cfg, 0)
@@ -129,10 +129,10 @@ def w_train_steps(warmup: int, steps: int) -> dict:
     import torch.distributed as dist
 
     import hal
-    from hal.topology import Topology
-    from strategies.apply import apply_plan
-    from strategies.models import ModelConfig, build_model
-    from strategies.plan import Plan
+    from hal.core.topology import Topology
+    from hal.strategies.apply import apply_plan
+    from hal.strategies.models import ModelConfig, build_model
+    from hal.strategies.plan import Plan
     acc = hal.accelerator()
     cfg = ModelConfig(**MODEL)
     topo = Topology.from_env(world_size=dist.get_world_size())
@@ -241,14 +241,14 @@ def main(argv=None) -> int:
     p.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--scale", type=float, default=None, help="HAL_EMULATE_TIME_SCALE (default: hal.timed's)")
+    p.add_argument("--scale", type=float, default=None, help="HAL_EMULATE_TIME_SCALE (default: hal.emulation.timed's)")
     p.add_argument("--modes", nargs="+", default=["timed", "dilation"], choices=["timed", "dilation", "plain"])
     p.add_argument("--only", choices=["ratio", "repeat"])
     p.add_argument("--matmul", type=int, default=0, metavar="N",
                    help="also run the ratio test on one N x N x N matmul per step (compute-bound at N = 1024)")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
-    from hal import timed
+    from hal.emulation import timed
     scale = args.scale or timed.DEFAULT_TIME_SCALE
     print(f"timed emulation benchmark: tiny GPT {MODEL}, global batch {GLOBAL_BATCH}; every chip EMULATED on "
           f"this host ({os.cpu_count()} CPUs); time scale {scale:g}; load average {_load()}", flush=True)

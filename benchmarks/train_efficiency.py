@@ -4,10 +4,10 @@ sum of each sub-cluster's throughput measured alone with its own planned layout.
     python benchmarks/train_efficiency.py [--layouts cuda:2,ascend:2 cuda:2,kunlun:1,ascend:1]
                                           [--steps 8] [--batch 64] [--scale 3e5] [--model tiny] [--out runs/bench-eff]
 
-For each layout it runs `hal train --measure-parts` (trainer/parts.py) on a generated config: every
+For each layout it runs `hal train --measure-parts` (hal/trainer/parts.py) on a generated config: every
 sub-cluster alone (plan auto for that sub-cluster), the whole cluster with Plan.even, then the whole
 cluster with plan auto - each `--steps` steps of the model on the stdlib byte corpus, every chip
-EMULATED on this host's CPU with TIMED emulation (HAL_EMULATE_TIMED=1, hal.timed: each op takes the
+EMULATED on this host's CPU with TIMED emulation (HAL_EMULATE_TIMED=1, hal.emulation.timed: each op takes the
 chip's profile time x the time scale, slept at synchronisation points; communication is the host's
 real CPU fabric, not emulated). Each tokens/s is the median over the steps after the first
 `--skip` (a run's steps are its repeats); all figures of a layout come from one invocation on the same

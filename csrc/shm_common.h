@@ -1,5 +1,5 @@
 // Shared definitions of the shared-memory fabric: dtype/op codes, the typed failure that Python turns
-// into hal.shm errors, and the layout of the segment every rank maps.
+// into hal.emulation.shm errors, and the layout of the segment every rank maps.
 #pragma once
 
 #include <atomic>
@@ -20,7 +20,7 @@ enum RedOp : int32_t { kSum = 0, kAvg, kMax, kMin, kProd, kBand, kBor, kBxor, kN
 enum OpCode : int32_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kBarrier,
                         kSend, kRecv };
 
-// What went wrong; each kind maps to one Python class in hal/shm/errors.py.
+// What went wrong; each kind maps to one Python class in hal/emulation/shm/errors.py.
 enum FailKind : int32_t { kTimeout = 1, kPeerDied, kMismatch, kAborted, kSetup, kUnsupported };
 
 const char* op_name(int32_t op);
@@ -28,7 +28,7 @@ const char* dtype_name(int32_t dt);
 const char* redop_name(int32_t op);
 size_t dtype_size(int32_t dt);
 
-// Thrown by the C++ side; the pybind11 translator builds the matching hal.shm error with these fields.
+// Thrown by the C++ side; the pybind11 translator builds the matching hal.emulation.shm error with these fields.
 struct ShmFailure : public std::runtime_error {
   ShmFailure(FailKind kind_, const std::string& msg, int rank_ = -1, const std::string& op_ = "",
              int64_t seq_ = -1, int peer_ = -1)

@@ -1,6 +1,6 @@
-// pybind11 bindings of the shared-memory fabric: the module hal.shm._shm. Tensors cross this
+// pybind11 bindings of the shared-memory fabric: the module hal.emulation.shm._shm. Tensors cross this
 // boundary as raw addresses and counts (no torch headers at build time); every blocking call
-// releases the GIL. C++ failures become the typed errors of hal/shm/errors.py.
+// releases the GIL. C++ failures become the typed errors of hal/emulation/shm/errors.py.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -25,13 +25,13 @@ static const char* error_class(halshm::FailKind kind) {
 }
 
 PYBIND11_MODULE(_shm, m) {
-  m.doc() = "Shared-memory intra-node collectives (see hal/shm/__init__.py for the Python side).";
+  m.doc() = "Shared-memory intra-node collectives (see hal/emulation/shm/__init__.py for the Python side).";
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const ShmFailure& e) {
-      py::object errors = py::module_::import("hal.shm.errors");
+      py::object errors = py::module_::import("hal.emulation.shm.errors");
       py::object cls = errors.attr(error_class(e.kind));
       py::object exc = cls(py::str(e.what()), py::arg("rank") = e.rank < 0 ? py::object(py::none()) : py::int_(e.rank),
                            py::arg("op") = e.op.empty() ? py::object(py::none()) : py::str(e.op),

@@ -13,18 +13,19 @@ __version__ = "0.1.0"
 
 # public name -> the submodule that defines it (the one definition; hal only re-exports)
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(("Accelerator", "accelerator", "bind", "bound", "reset", "select_chip"), "selection"),
-    "CapabilityMatrix": "capabilities",
-    **dict.fromkeys(("ChipProfile", "ChipSpec", "Figure", "unknown"), "chips"),
-    **dict.fromkeys(("CONTRACT_VERSION", "PluginInfo"), "contract"),
+    **dict.fromkeys(("Accelerator", "accelerator", "bind", "bound", "reset", "select_chip"), "core.selection"),
+    "CapabilityMatrix": "contract.capabilities",
+    **dict.fromkeys(("ChipProfile", "ChipSpec", "Figure", "unknown"), "contract.chips"),
+    **dict.fromkeys(("CONTRACT_VERSION", "PluginInfo"), "contract.version"),
     **dict.fromkeys(("ChipSelectionError", "ChipUnavailableError", "ClusterSpecError", "ContractVersionError",
                      "DuplicateChipError", "HalError", "NotSupportedError", "PluginHookError",
                      "PluginValidationError", "ProfileValidationError", "UnknownChipError", "UnknownOpError"),
-                    "errors"),
-    **dict.fromkeys(("hookimpl", "hookspec"), "markers"),
-    "OpKernel": "ops.kernel",
-    **dict.fromkeys(("PluginManager", "get_plugin_manager", "set_plugin_manager"), "plugin_manager"),
-    **dict.fromkeys(("CpuRuntime", "DeviceRuntime", "EmulatedRuntime", "TorchDeviceRuntime"), "runtime"),
+                    "contract.errors"),
+    **dict.fromkeys(("hookimpl", "hookspec"), "contract.markers"),
+    "OpKernel": "contract.kernel",
+    **dict.fromkeys(("PluginManager", "get_plugin_manager", "set_plugin_manager"), "core.plugin_manager"),
+    **dict.fromkeys(("DeviceRuntime", "TorchDeviceRuntime"), "contract.runtime"),
+    **dict.fromkeys(("CpuRuntime", "EmulatedRuntime"), "emulation.runtime"),
 }
 
 __all__ = list(_EXPORTS)
@@ -32,7 +33,7 @@ __all__ = list(_EXPORTS)
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
-    if module is None:  # a submodule (`hal.ops`, `hal.catalog`, ...), as an eager import made them attributes
+    if module is None:  # a submodule (`hal.ops`, `hal.core.catalog`, ...), as an eager import made them attributes
         try:
             return importlib.import_module(f".{name}", __name__)
         except ModuleNotFoundError as exc:

@@ -31,7 +31,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   echo "[venv] installing into $VENV (2 steps; only when pyproject.toml, setup.py or csrc/ changed)"
   _hal_step "1/2 torch==2.13.0, CPU build (a ~200 MB wheel, ~1 GB unpacked: 1 to 2.5 min here; seconds when already installed)" \
     "$VENV/bin/python" -m pip install --progress-bar on --disable-pip-version-check "torch==2.13.0"
-  _hal_step "2/2 the project, editable, with its C++ shared-memory fabric hal.shm._shm (pip builds it with g++: about 30 s on an idle 2-core machine, 2 to 3 min when it is busy; pip prints nothing while it compiles)" \
+  _hal_step "2/2 the project, editable, with its C++ shared-memory fabric hal.emulation.shm._shm (pip builds it with g++: about 30 s on an idle 2-core machine, 2 to 3 min when it is busy; pip prints nothing while it compiles)" \
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]"
   echo "$WANT" > "$STAMP"
 fi

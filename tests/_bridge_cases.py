@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from hal.capabilities import DTYPES, TORCH_REDUCE_OPS, torch_dtype
+from hal.contract.capabilities import DTYPES, TORCH_REDUCE_OPS, torch_dtype
 
 G: dict = {}
 # torch 2.13 renamed the tensor variants (the old names warn); accept either.
@@ -36,13 +36,13 @@ def topology(group_ranks: list) -> Optional[dict]:
 
 
 def setup(timeout_s: float = 30.0) -> dict:
-    import ccl_bridge  # registers "hetero"
+    import hal.ccl_bridge  # registers "hetero"
     if not dist.is_initialized():
         dist.init_process_group("hetero", timeout=datetime.timedelta(seconds=timeout_s))
     G["gloo"] = dist.new_group(backend="gloo")
     pg = dist.group.WORLD
     info = {"type": type(pg).__name__, "backend": dist.get_backend(pg)}
-    if isinstance(pg, ccl_bridge.HeteroProcessGroup):
+    if isinstance(pg, hal.ccl_bridge.HeteroProcessGroup):
         info["topology"] = pg.fabric.topo.describe()
     return info
 
@@ -51,7 +51,7 @@ def world_group_kind() -> tuple:
     import hal
     pg = dist.group.WORLD
     backend = pg._get_backend(torch.device("cpu")) if type(pg) is dist.ProcessGroup else pg
-    backend = getattr(backend, "gloo", backend)  # hal.gloo_group.StridedSafeGloo wraps ProcessGroupGloo
+    backend = getattr(backend, "gloo", backend)  # hal.emulation.gloo_group.StridedSafeGloo wraps ProcessGroupGloo
     t = torch.ones(3) * (dist.get_rank() + 1)
     dist.all_reduce(t)
     return type(pg).__name__, type(backend).__name__, hal.accelerator().chip.name, t.tolist()
@@ -73,8 +73,8 @@ def make_input(seed: int, rank: int, n: int, dtype: torch.dtype, op: str = "sum"
 
 
 def _gloo_has(coll: str, dtype: torch.dtype, op: Optional[str] = None) -> bool:
-    from hal.capabilities import dtype_name
-    from hal.emulation import cpu_fabric_capabilities
+    from hal.contract.capabilities import dtype_name
+    from hal.emulation.emulate import cpu_fabric_capabilities
     return cpu_fabric_capabilities("gloo").supports(coll, dtype_name(dtype), op)
 
 
@@ -120,7 +120,7 @@ def matrix(coll: str, dtypes: list[str], ops: list[str], sizes: list[int], group
            seed: int = 1, env: Optional[dict] = None) -> dict:
     """Run `coll` for every dtype x op x size on the world (or a subgroup, or a group built with
     `env` settings) and check it."""
-    import ccl_bridge  # noqa: F401
+    import hal.ccl_bridge  # noqa: F401
     pg, gl = dist.group.WORLD, G["gloo"]
     if group_ranks is not None or env:
         pg, gl = _group(group_ranks, env)
@@ -441,7 +441,7 @@ def routes(group_ranks: Optional[list] = None) -> Optional[dict]:
     pg = _group(group_ranks, None)[0] if group_ranks is not None else dist.group.WORLD
     if group_ranks is not None and dist.get_rank() not in group_ranks:
         return None
-    from hal.capabilities import dtype_name
+    from hal.contract.capabilities import dtype_name
     return {f"{c} {dtype_name(d)} {o or '-'}": r for (c, d, o), r in pg.fabric.intra._routes.items() if r != "native"}
 
 
@@ -476,7 +476,7 @@ def wire_bf16(n: int) -> dict:
 def debug_mismatch() -> dict:
     """HAL_BRIDGE_DEBUG=1 group: rank 0 passes shape (4,), the others (5,): every rank raises
     BridgeMismatchError naming each rank's shape; then a matching call still works."""
-    import ccl_bridge
+    import hal.ccl_bridge
     os.environ["HAL_BRIDGE_DEBUG"] = "1"
     try:
         pg = dist.new_group(list(range(dist.get_world_size())), backend="hetero")
@@ -487,7 +487,7 @@ def debug_mismatch() -> dict:
     try:
         dist.all_reduce(x, group=pg)
         out["error"] = None
-    except ccl_bridge.BridgeMismatchError as exc:
+    except hal.ccl_bridge.BridgeMismatchError as exc:
         out["error"] = str(exc)
         out["seq"] = exc.seq
     y = torch.ones(6)
@@ -498,12 +498,12 @@ def debug_mismatch() -> dict:
 
 def config_disagreement() -> str:
     """Ranks with different HAL_BRIDGE_SMALL_BYTES: group creation raises BridgeConfigError on all."""
-    import ccl_bridge
+    import hal.ccl_bridge
     os.environ["HAL_BRIDGE_SMALL_BYTES"] = str(1000 + dist.get_rank())
     try:
         dist.new_group(list(range(dist.get_world_size())), backend="hetero")
         return "no error"
-    except ccl_bridge.BridgeConfigError as exc:
+    except hal.ccl_bridge.BridgeConfigError as exc:
         return f"BridgeConfigError: {exc}"
     finally:
         os.environ.pop("HAL_BRIDGE_SMALL_BYTES")
@@ -530,8 +530,8 @@ def fault(point: str, action: str, victim: int, n: int, timeout_s: float, freeze
     rank reports the error it raised and how long the call took. A frozen victim also queues a
     third collective (#2) behind the frozen one: its waiter must give up as soon as the first one's
     waiter has broken the group. `grace_s` sets HAL_BRIDGE_GRACE_S for this group only."""
-    import ccl_bridge
-    from ccl_bridge import faults
+    import hal.ccl_bridge
+    from hal.ccl_bridge import faults
     W = dist.get_world_size()
     if grace_s is not None:
         os.environ["HAL_BRIDGE_GRACE_S"] = str(grace_s)
@@ -561,14 +561,14 @@ def fault(point: str, action: str, victim: int, n: int, timeout_s: float, freeze
                 try:
                     w2.wait()
                     G["queued"] = {"error": None}
-                except ccl_bridge.BridgeCollectiveError as exc:
+                except hal.ccl_bridge.BridgeCollectiveError as exc:
                     G["queued"] = {"type": type(exc).__name__, "seq": exc.seq, "error": str(exc),
                                    "seconds": time.monotonic() - t1}
         else:
             collective(x)
         return {"error": None, "seconds": time.monotonic() - t0}
-    except ccl_bridge.BridgeCollectiveError as exc:
-        from hal.errors import CollectivePeerError, CollectiveTimeoutError
+    except hal.ccl_bridge.BridgeCollectiveError as exc:
+        from hal.contract.errors import CollectivePeerError, CollectiveTimeoutError
         return {"error": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__, "op": exc.op, "seq": exc.seq,
                 "seconds": time.monotonic() - t0, "queued": G.pop("queued", None),
                 "hal_base": [c.__name__ for c in (CollectivePeerError, CollectiveTimeoutError) if isinstance(exc, c)]}

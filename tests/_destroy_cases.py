@@ -10,7 +10,7 @@ import torch.distributed as dist
 def ddp_then_destroy(timeout_s: float = 60.0) -> dict:
     """What `hal demo` does at the end of its job: a default `hetero` group, DDP gradients through it,
     an all_reduce, a `hetero` subgroup destroyed on its own, then the default group destroyed."""
-    import ccl_bridge  # noqa: F401 - registers the `hetero` backend
+    import hal.ccl_bridge  # noqa: F401 - registers the `hetero` backend
     import hal
 
     acc = hal.accelerator()

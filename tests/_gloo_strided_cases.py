@@ -32,7 +32,7 @@ def _group(kind: str) -> dist.ProcessGroup:
         if kind == "raw_gloo":
             G[kind] = dist.ProcessGroupGloo(_store(kind), rank, world, timedelta(seconds=30))
         else:  # the HAL's CPU fabric, as the cpu chip / emulated chips / a gloo plugin build it
-            from hal.emulation import create_cpu_process_group
+            from hal.emulation.emulate import create_cpu_process_group
             os.environ["HAL_CPU_CCL"] = kind
             G[kind] = create_cpu_process_group(_store(kind), rank, world, timedelta(seconds=30))
     return G[kind]
@@ -161,7 +161,7 @@ def _opts(cls, **fields):
 
 def unsupported_combinations_are_refused() -> dict:
     """What gloo cannot do raises hal.NotSupportedError before reaching gloo; the group still works."""
-    from hal.errors import NotSupportedError
+    from hal.contract.errors import NotSupportedError
     pg = _group("gloo")
     premul = dist._make_nccl_premul_sum(2.0)  # torch's only constructor of a PREMUL_SUM op
     calls = {

@@ -67,7 +67,7 @@ class LiveStorageBytes(TorchDispatchMode):
 
 
 def init(timeout_s: float = 120.0) -> dict:
-    import ccl_bridge  # noqa: F401 - registers the `hetero` backend
+    import hal.ccl_bridge  # noqa: F401 - registers the `hetero` backend
     import hal
     global _book
     torch.set_num_threads(1)
@@ -81,9 +81,9 @@ def init(timeout_s: float = 120.0) -> dict:
 def peak_memory(plan_json: str, model: dict) -> dict:
     """Build, apply and train two AdamW steps under LiveStorageBytes; the peak over both steps
     (after the full model's unused blocks are freed), and the live bytes before the first step."""
-    from strategies.apply import apply_plan
-    from strategies.models import ModelConfig, build_model
-    from strategies.plan import Plan
+    from hal.strategies.apply import apply_plan
+    from hal.strategies.models import ModelConfig, build_model
+    from hal.strategies.plan import Plan
     plan = Plan.from_json(plan_json)
     cfg = ModelConfig(**model)
     g = torch.Generator().manual_seed(1)

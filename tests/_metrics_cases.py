@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from trainer.config import TrainConfig
-from trainer.loop import train
+from hal.trainer.config import TrainConfig
+from hal.trainer.loop import train
 
 
 def run(config: dict, throttle: Optional[str] = None) -> dict:

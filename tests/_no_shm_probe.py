@@ -11,7 +11,7 @@ def rank_main() -> dict:
     import torch
     import torch.distributed as dist
 
-    from hal.emulation import create_cpu_process_group
+    from hal.emulation.emulate import create_cpu_process_group
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0,
@@ -24,11 +24,11 @@ def rank_main() -> dict:
 
 def main() -> None:
     import hal
-    import hal.shm
-    from hal.shm import ShmSetupError, create_shm_process_group
+    import hal.emulation.shm
+    from hal.emulation.shm import ShmSetupError, create_shm_process_group
     from hal.testing import WorkerPool
 
-    out = {"hal_file": hal.__file__, "available": hal.shm.available()}
+    out = {"hal_file": hal.__file__, "available": hal.emulation.shm.available()}
     import torch.distributed as dist
     try:
         create_shm_process_group(dist.HashStore(), 0, 1, timedelta(seconds=5))

@@ -1,5 +1,5 @@
 """What tests/test_planner_moe_runtime.py runs on every rank of its WorkerPool: apply a MoE Plan with
-strategies.apply.apply_plan (no training) and count the parameter elements this rank holds locally,
+hal.strategies.apply.apply_plan (no training) and count the parameter elements this rank holds locally,
 split into expert parameters (`...experts.<id>...`) and the rest (DTensor parameters counted by their
 local shard: what TP and FSDP2 leave on this rank)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 
 def init(timeout_s: float = 60.0) -> dict:
-    import ccl_bridge  # noqa: F401 - registers the `hetero` backend
+    import hal.ccl_bridge  # noqa: F401 - registers the `hetero` backend
     import hal
     torch.set_num_threads(1)
     if not dist.is_initialized():
@@ -21,9 +21,9 @@ def init(timeout_s: float = 60.0) -> dict:
 
 
 def held_elements(plan_json: str, model: dict) -> dict:
-    from strategies.apply import apply_plan
-    from strategies.models import ModelConfig, build_model
-    from strategies.plan import Plan
+    from hal.strategies.apply import apply_plan
+    from hal.strategies.models import ModelConfig, build_model
+    from hal.strategies.plan import Plan
     cfg = ModelConfig(**model)
     run = apply_plan(build_model(cfg, 0), Plan.from_json(plan_json), timeout=timedelta(seconds=60))
     expert = dense = 0

@@ -1,8 +1,8 @@
 """Functions the pipeline and composed-plan parity tests run on every rank of a WorkerPool.
 
-Each case builds a Plan (strategies.plan) for a layout on a subset of the 6-rank pool's world
+Each case builds a Plan (hal.strategies.plan) for a layout on a subset of the 6-rank pool's world
 (cuda:3 = ranks 0-2, kunlun:2 = 3-4, ascend:1 = 5, all emulated), applies it with
-strategies.apply.apply_plan, trains STEPS SGD steps on the same global batches a single-process run
+hal.strategies.apply.apply_plan, trains STEPS SGD steps on the same global batches a single-process run
 sees, and returns the full parameters this rank's stage holds (names of the full model) and the loss
 per step. The test process runs the single-process reference once and compares.
 """
@@ -24,7 +24,7 @@ MOVED = 1e-5   # every parameter must move at least this, and at least 10 x its 
 def init(backend: str = "hetero", timeout_s: float = 60.0) -> dict:
     import hal
     if backend == "hetero":
-        import ccl_bridge  # noqa: F401 - registers the backend
+        import hal.ccl_bridge  # noqa: F401 - registers the backend
     torch.set_num_threads(1)
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
@@ -35,7 +35,7 @@ def init(backend: str = "hetero", timeout_s: float = 60.0) -> dict:
 
 def build(cfg_kind: str):
     """(config, model) of the named test model, identical on every rank (private seed)."""
-    from strategies.models import ModelConfig, build_model
+    from hal.strategies.models import ModelConfig, build_model
     if cfg_kind == "tiny":  # dense GPT (RMSNorm, rotary attention, SwiGLU), 4 blocks, hidden 32
         cfg = ModelConfig(name="tiny", layers=4, hidden=32, heads=4, ffn=64, vocab=64, seq=16)
         return cfg, build_model(cfg, MODEL_SEED)
@@ -47,7 +47,7 @@ def build(cfg_kind: str):
 
 
 def batches(cfg, global_batch: int) -> torch.Tensor:
-    from strategies.models import make_batches
+    from hal.strategies.models import make_batches
     return make_batches(cfg, STEPS, global_batch, DATA_SEED)  # (steps, global_batch, seq + 1)
 
 
@@ -55,11 +55,11 @@ def reference(cfg_kind: str, global_batch: int, num_microbatches: int = 1) -> di
     """Single process, SGD, the same global batches: final params, initial params, mean loss per step.
 
     Dense: one forward of the whole global batch with a mean loss. MoE: the global batch in the plan's
-    micro-batches with gradient accumulation (strategies.data_parallel.accumulate: each micro-batch's
+    micro-batches with gradient accumulation (hal.strategies.data_parallel.accumulate: each micro-batch's
     summed loss / global tokens, plus aux loss / micro-batches), because a MoE layer's capacity and
-    load-balancing statistics are defined per forward, i.e. per micro-batch (strategies/moe.py)."""
-    from strategies.data_parallel import accumulate
-    from strategies.models import count_tokens, lm_loss
+    load-balancing statistics are defined per forward, i.e. per micro-batch (hal/strategies/moe.py)."""
+    from hal.strategies.data_parallel import accumulate
+    from hal.strategies.models import count_tokens, lm_loss
     cfg, model = build(cfg_kind)
     init_state = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -82,8 +82,8 @@ def reference(cfg_kind: str, global_batch: int, num_microbatches: int = 1) -> di
 
 def train_plan(plan_json: str, cfg_kind: str = "tiny", runtime: str = "auto") -> dict[str, Any]:
     """apply_plan on this rank, STEPS SGD steps; returns held full params and global losses."""
-    from strategies.apply import apply_plan
-    from strategies.plan import Plan
+    from hal.strategies.apply import apply_plan
+    from hal.strategies.plan import Plan
     plan = Plan.from_json(plan_json)
     cfg, model = build(cfg_kind)
     run = apply_plan(model, plan, runtime=runtime, timeout=timedelta(seconds=60))
@@ -164,8 +164,8 @@ def check(results, plan_json: str, expect_runtime: str, cfg_kind: str = "tiny") 
 def expect_error(plan_json: str, runtime: str = "auto", rows: int = 0) -> dict:
     """apply_plan (and, with rows > 0, one step on a batch of that many rows) must raise; returns the
     error's type and message on this rank ({} on a rank where nothing was raised)."""
-    from strategies.apply import apply_plan
-    from strategies.plan import Plan
+    from hal.strategies.apply import apply_plan
+    from hal.strategies.plan import Plan
     plan = Plan.from_json(plan_json)
     cfg, model = build("tiny")
     try:

@@ -8,8 +8,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from trainer.config import TrainConfig
-from trainer.loop import train
+from hal.trainer.config import TrainConfig
+from hal.trainer.loop import train
 
 
 def run(config: dict) -> dict:
@@ -17,17 +17,17 @@ def run(config: dict) -> dict:
 
 
 def load_full(config: dict, step: int) -> dict:
-    """The loop's set-up (trainer.loop.train: plan, model, apply_plan, AdamW) without training, then
+    """The loop's set-up (hal.trainer.loop.train: plan, model, apply_plan, AdamW) without training, then
     Checkpointer.load(step); returns {"model.<fqn>": full tensor, "optim.state.<fqn>.<key>": full tensor}
     for this rank's stages, and the plan's description."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     import hal
-    from strategies.apply import apply_plan
-    from strategies.models import build_model
-    from trainer import checkpoint as ckpt
-    from trainer.elastic import live_topology
-    from trainer.loop import _init, make_plan
+    from hal.strategies.apply import apply_plan
+    from hal.strategies.models import build_model
+    from hal.trainer import checkpoint as ckpt
+    from hal.trainer.elastic import live_topology
+    from hal.trainer.loop import _init, make_plan
 
     cfg = TrainConfig(**config)
     _init(cfg)

@@ -1,6 +1,6 @@
 """Rank-side cases of tests/test_planner_runtime_copies.py: the bytes of the copies the runtime's
 wrappers add (DDP's bucket copies, FSDP2's gather / reduce-scatter packing, sequence-parallel TP's
-re-layout cats), counted op by op with hal.timed.record_ops (what timed emulation charges)."""
+re-layout cats), counted op by op with hal.emulation.timed.record_ops (what timed emulation charges)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -21,8 +21,8 @@ def init() -> int:
 
 
 def _stage(lo: int, hi: int, first: bool, last: bool):
-    from strategies.apply import StageModule
-    from strategies.models import ModelConfig, build_model
+    from hal.strategies.apply import StageModule
+    from hal.strategies.models import ModelConfig, build_model
     cfg = ModelConfig(**CFG)
     return cfg, StageModule(build_model(cfg, 0), (lo, hi), first, last, "none")
 
@@ -42,7 +42,7 @@ def _bytes(ops, names) -> float:
 def _micro_batches(mod, x, forward_ctx, backward_ctx, names) -> list[tuple[float, float]]:
     """(forward bytes, backward bytes) of ops in `names` per micro-batch of one step (after a warm-up
     step, gradients cleared between steps as the trainer does)."""
-    from hal import timed
+    from hal.emulation import timed
     out = []
     for step in range(2):
         for p in mod.parameters():
@@ -69,7 +69,7 @@ def ddp_copies() -> dict:
     no_sync except the last micro-batch's backward. copy_ bytes per micro-batch and P."""
     from contextlib import nullcontext
 
-    from strategies.data_parallel import wrap_ddp
+    from hal.strategies.data_parallel import wrap_ddp
     cfg, st = _stage(1, 3, False, False)
     ddp = wrap_ddp(st, None, bucket_cap_mb=1.0, sum_gradients=True)
     x = _inputs(cfg, False)
@@ -81,12 +81,12 @@ def ddp_copies() -> dict:
 
 
 def fsdp_copies(zero: int, first: bool, last: bool) -> dict:
-    """An FSDP2 stage as apply_plan builds it (strategies.sharded_data_parallel.shard_fsdp2: each block
+    """An FSDP2 stage as apply_plan builds it (hal.strategies.sharded_data_parallel.shard_fsdp2: each block
     one unit, the stage the root) driven like HeteroPipeline's backward (set_requires_gradient_sync /
     set_reshard_after_backward / set_is_last_backward on the last micro-batch only)."""
     from contextlib import contextmanager, nullcontext
 
-    from strategies.sharded_data_parallel import mesh_from_group, shard_fsdp2
+    from hal.strategies.sharded_data_parallel import mesh_from_group, shard_fsdp2
     lo, hi = (0, 2) if first else (2, 4)
     cfg, st = _stage(lo, hi, first, last)
     dense = sum(p.numel() * p.element_size() for p in st.parameters())
@@ -106,12 +106,12 @@ def fsdp_copies(zero: int, first: bool, last: bool) -> dict:
 
 
 def sp_cats(n_layers: int) -> dict:
-    """A sequence-parallel TP stage over the world (strategies.tensor_parallel.apply_tp): the `cat`s of
+    """A sequence-parallel TP stage over the world (hal.strategies.tensor_parallel.apply_tp): the `cat`s of
     the whole (rows, seq, hidden) activation in one forward and one backward, and that size."""
     import torch.distributed as dist
 
-    from hal import timed
-    from strategies.tensor_parallel import apply_tp
+    from hal.emulation import timed
+    from hal.strategies.tensor_parallel import apply_tp
     cfg, st = _stage(1, 1 + n_layers, False, False)
     apply_tp(st, dist.group.WORLD, sequence_parallel=True, check_kernels=False)
     x = _inputs(cfg, False)

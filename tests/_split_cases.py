@@ -1,13 +1,13 @@
 """Rank-side case of tests/test_trainer_metrics.py's measured step split: one `hal train` run under
-TIMED emulation (hal.timed) in a worker pool started without it: HAL_EMULATE_TIMED is set for the run
+TIMED emulation (hal.emulation.timed) in a worker pool started without it: HAL_EMULATE_TIMED is set for the run
 only, and the clock the trainer installs is uninstalled after it, so later cases in the same workers
 run untimed again."""
 from __future__ import annotations
 
 import os
 
-from trainer.config import TrainConfig
-from trainer.loop import train
+from hal.trainer.config import TrainConfig
+from hal.trainer.loop import train
 
 
 def run_timed(config: dict, scale: str) -> dict:
@@ -17,5 +17,5 @@ def run_timed(config: dict, scale: str) -> dict:
     finally:
         os.environ.pop("HAL_EMULATE_TIMED", None)
         os.environ.pop("HAL_EMULATE_TIME_SCALE", None)
-        from hal import timed
+        from hal.emulation import timed
         timed.uninstall()

@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from strategies.models import TinyConfig, build_model, lm_loss, make_batches, rank_slice, split_stages
+from hal.strategies.models import TinyConfig, build_model, lm_loss, make_batches, rank_slice, split_stages
 
 CFG = TinyConfig(vocab=64, dim=32, heads=4, layers=4, ffn=64, seq=16)
 MODEL_SEED, DATA_SEED = 0, 1
@@ -28,7 +28,7 @@ def init(backend: str, timeout_s: float = 60.0) -> dict:
     """Join the default group once per worker; report this rank's chip and the group's backend."""
     import hal
     if backend == "hetero":
-        import ccl_bridge  # noqa: F401 - registers the backend
+        import hal.ccl_bridge  # noqa: F401 - registers the backend
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     acc = hal.accelerator()
@@ -79,7 +79,7 @@ def _world_mean(value: torch.Tensor, group=None) -> float:
 
 
 def train_ddp() -> dict:
-    from strategies.data_parallel import wrap_ddp
+    from hal.strategies.data_parallel import wrap_ddp
     rank, world = dist.get_rank(), dist.get_world_size()
     model = wrap_ddp(build_model(CFG, MODEL_SEED), bucket_cap_mb=0.05)  # several buckets, overlapped
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -98,7 +98,7 @@ def train_ddp() -> dict:
 def train_fsdp2() -> dict:
     from torch.distributed.tensor import DTensor
 
-    from strategies.sharded_data_parallel import full_state, mesh_from_group, shard_fsdp2
+    from hal.strategies.sharded_data_parallel import full_state, mesh_from_group, shard_fsdp2
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build_model(CFG, MODEL_SEED)
     mesh = mesh_from_group(dist.group.WORLD, "cpu")
@@ -120,7 +120,7 @@ def train_fsdp2() -> dict:
 
 
 def train_pipeline(schedule: str, ranks: tuple, n_microbatches: int) -> dict:
-    from strategies.pipeline_parallel import build_pipeline, pipeline_step
+    from hal.strategies.pipeline_parallel import build_pipeline, pipeline_step
     group = dist.group.WORLD if len(ranks) == dist.get_world_size() else _subgroup(ranks)
     if dist.get_rank() not in ranks:
         return {"member": False}

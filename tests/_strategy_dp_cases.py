@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from strategies.models import ModelConfig, build_model, lm_loss, make_batches
-from strategies.plan import Plan
+from hal.strategies.models import ModelConfig, build_model, lm_loss, make_batches
+from hal.strategies.plan import Plan
 
 CFG = ModelConfig.from_toml(Path(__file__).resolve().parents[1] / "examples" / "models" / "tiny.toml")
 MODEL_SEED, DATA_SEED = 0, 1
@@ -29,7 +29,7 @@ def init(backend: str, timeout_s: float = 60.0) -> dict:
     """Join the default group once per worker; report this rank's chip and the group's backend."""
     import hal
     if backend == "hetero":
-        import ccl_bridge  # noqa: F401 - registers the backend
+        import hal.ccl_bridge  # noqa: F401 - registers the backend
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     acc = hal.accelerator()
@@ -69,9 +69,9 @@ def train_dp(plan_json: str, ranks: tuple, strategy: str, return_params: bool = 
 
     strategy: "ddp" / "fsdp" (the plan's zero level): global-token normalisation, averaging off;
     "ddp-mean": the naive alternative (each rank's mean loss, DDP's averaging on) as a control."""
-    from strategies.data_parallel import accumulate, global_token_count, replica_microbatches, wrap_ddp
-    from strategies.sharded_data_parallel import full_state, mesh_from_group, shard_fsdp2
-    from strategies.models import count_tokens
+    from hal.strategies.data_parallel import accumulate, global_token_count, replica_microbatches, wrap_ddp
+    from hal.strategies.sharded_data_parallel import full_state, mesh_from_group, shard_fsdp2
+    from hal.strategies.models import count_tokens
 
     group = _group(tuple(ranks))
     if dist.get_rank() not in ranks:

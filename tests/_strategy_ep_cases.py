@@ -8,8 +8,8 @@ DP group, training_contract.md) with expert parameters ignored by DDP. Every ran
 it holds with a single-process run of the full model on the same global batch, computed right here.
 
 Loss convention (training_contract.md): rank loss = CE summed over its tokens / GLOBAL token count +
-coef * its aux-loss share; DDP's averaging is replaced by a SUM comm hook (strategies.data_parallel
-wrap_ddp(sum_gradients=True)), FSDP2's by strategies.sharded_data_parallel.disable_gradient_division,
+coef * its aux-loss share; DDP's averaging is replaced by a SUM comm hook (hal.strategies.data_parallel
+wrap_ddp(sum_gradients=True)), FSDP2's by hal.strategies.sharded_data_parallel.disable_gradient_division,
 so the summed gradient is the gradient of the single-process loss mean-CE + coef * aux. SGD, not Adam: Adam is invariant to the
 gradient's scale and would hide a doubled or halved reduction.
 """
@@ -34,7 +34,7 @@ _groups: dict = {}
 def init(backend: str = "hetero", timeout_s: float = 120.0) -> dict:
     """Join the default group once per worker; report this rank's chip."""
     import hal
-    import ccl_bridge  # noqa: F401 - registers the backend
+    import hal.ccl_bridge  # noqa: F401 - registers the backend
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     acc = hal.accelerator()
@@ -44,7 +44,7 @@ def init(backend: str = "hetero", timeout_s: float = 120.0) -> dict:
 
 def subgroup(ranks: tuple, role: str = "ep") -> dist.ProcessGroup:
     """A hetero new_group of `ranks` for `role` (every world rank calls it; cached). EP and DP get
-    separate group objects over the same ranks (see strategies/expert_parallel.py)."""
+    separate group objects over the same ranks (see hal/strategies/expert_parallel.py)."""
     key = (tuple(ranks), role)
     if key not in _groups:
         _groups[key] = dist.new_group(list(ranks), backend="hetero", timeout=timedelta(seconds=120))
@@ -54,7 +54,7 @@ def subgroup(ranks: tuple, role: str = "ep") -> dist.ProcessGroup:
 class MoEBlock(nn.Module):
     def __init__(self, capacity_factor) -> None:
         super().__init__()
-        from strategies.moe import MoE
+        from hal.strategies.moe import MoE
         self.ffn_norm = nn.Parameter(torch.ones(HIDDEN))
         self.moe = MoE(HIDDEN, FFN, EXPERTS, TOP_K, capacity_factor)
 
@@ -99,7 +99,7 @@ def batches(global_batch: int) -> torch.Tensor:
 
 def step_loss(model, rows: torch.Tensor, global_tokens: int) -> torch.Tensor:
     """This rank's share of the global loss: sum-CE / global tokens + coef * aux share."""
-    from strategies.expert_parallel import aux_loss
+    from hal.strategies.expert_parallel import aux_loss
     logits = model(rows[:, :-1])
     ce = ops.cross_entropy(logits.reshape(-1, VOCAB), rows[:, 1:].reshape(-1), reduction="sum")
     return ce / global_tokens + AUX_COEF * aux_loss(model)
@@ -107,7 +107,7 @@ def step_loss(model, rows: torch.Tensor, global_tokens: int) -> torch.Tensor:
 
 def reference(capacity_factor, global_batch: int):
     """Single process, full model, whole global batch: (final params, initial params, losses, drops)."""
-    from strategies.expert_parallel import moe_layers
+    from hal.strategies.expert_parallel import moe_layers
     model = build(capacity_factor)
     init_state = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -128,8 +128,8 @@ def _fsdp2_but_experts(model, dp_group):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    from strategies.expert_parallel import expert_params
-    from strategies.sharded_data_parallel import disable_gradient_division
+    from hal.strategies.expert_parallel import expert_params
+    from hal.strategies.sharded_data_parallel import disable_gradient_division
     mesh = DeviceMesh.from_group(dp_group, "cpu")
     for block in model.blocks:
         fully_shard(block, mesh=mesh, ignored_params=expert_params(block))
@@ -141,8 +141,8 @@ def _fsdp2_but_experts(model, dp_group):
 def train_ep(ranks: tuple, placement: list, rows: list, capacity_factor, dp: str = "ddp") -> dict:
     """EP (and DP of the dense params: torch DDP, or FSDP2 with dp="fsdp2") over hetero subgroup
     `ranks`; this rank feeds `rows[ep_rank]` rows."""
-    from strategies.data_parallel import wrap_ddp
-    from strategies.expert_parallel import apply_ep, ddp_ignore_experts, moe_layers
+    from hal.strategies.data_parallel import wrap_ddp
+    from hal.strategies.expert_parallel import apply_ep, ddp_ignore_experts, moe_layers
     group, dp_group = subgroup(ranks, "ep"), subgroup(ranks, "dp")
     if dist.get_rank() not in ranks:
         return {"member": False}
@@ -181,14 +181,14 @@ def train_ep(ranks: tuple, placement: list, rows: list, capacity_factor, dp: str
 
 
 def train_ep_dp_tp(replicas: list, placement: list, rows: list, sequence_parallel: bool = True) -> dict:
-    """EP inside DP with TP on strategies.models.GPT (MoE): `replicas` are TP groups (one chip kind
+    """EP inside DP with TP on hal.strategies.models.GPT (MoE): `replicas` are TP groups (one chip kind
     each); the EP group and the DP group of tp index t are [replica[t] for replica in replicas]
     (training_contract.md), separate group objects; replica i feeds rows[i] rows of the global batch.
     Non-expert gradients (local shards of the TP DTensors) are SUM all-reduced over the DP group;
     expert gradients are left alone."""
-    from strategies.expert_parallel import apply_ep, expert_parameter_names, moe_layers
-    from strategies.models import build_gpt, lm_loss_sum, make_batches
-    from strategies.tensor_parallel import apply_tp, tp_full_state
+    from hal.strategies.expert_parallel import apply_ep, expert_parameter_names, moe_layers
+    from hal.strategies.models import build_gpt, lm_loss_sum, make_batches
+    from hal.strategies.tensor_parallel import apply_tp, tp_full_state
 
     from . import _strategy_tp_cases as tpc
     MOE = tpc.MOE

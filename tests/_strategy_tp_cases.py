@@ -1,7 +1,7 @@
 """Functions the tensor-parallel tests run on every rank of a WorkerPool (module level).
 
-A case trains strategies.models.GPT (tiny config, dense or MoE) for STEPS SGD steps with
-strategies.tensor_parallel.apply_tp over this rank's TP group (a `hetero` subgroup inside one
+A case trains hal.strategies.models.GPT (tiny config, dense or MoE) for STEPS SGD steps with
+hal.strategies.tensor_parallel.apply_tp over this rank's TP group (a `hetero` subgroup inside one
 sub-cluster), every TP rank on the whole global batch, then gathers the DTensor parameters to full
 tensors and compares them with a single-process run of the same model computed right here.
 SGD, not Adam: Adam's update is invariant to the gradient's scale and would hide a doubled gradient.
@@ -13,7 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from strategies.models import ModelConfig, build_gpt, lm_loss, make_batches
+from hal.strategies.models import ModelConfig, build_gpt, lm_loss, make_batches
 
 DENSE = ModelConfig(name="tp-tiny", layers=2, hidden=48, heads=6, ffn=96, vocab=64, seq=12)
 MOE = ModelConfig(name="tp-tiny-moe", layers=2, hidden=48, heads=6, ffn=36, vocab=64, seq=12, experts=4,
@@ -27,7 +27,7 @@ _groups: dict = {}
 
 def init(timeout_s: float = 120.0) -> dict:
     import hal
-    import ccl_bridge  # noqa: F401 - registers the backend
+    import hal.ccl_bridge  # noqa: F401 - registers the backend
     if not dist.is_initialized():
         dist.init_process_group("hetero", timeout=timedelta(seconds=timeout_s))
     acc = hal.accelerator()
@@ -72,7 +72,7 @@ def train_tp(partition: list, kind: str, sequence_parallel: bool) -> dict:
     """TP over this rank's group of `partition` (each group trains the same model independently)."""
     from torch.distributed.tensor import DTensor
 
-    from strategies.tensor_parallel import apply_tp, tp_full_state
+    from hal.strategies.tensor_parallel import apply_tp, tp_full_state
     cfg = CFGS[kind]
     group = groups_of(partition)
     model = build_gpt(cfg, MODEL_SEED)
@@ -98,8 +98,8 @@ def train_tp(partition: list, kind: str, sequence_parallel: bool) -> dict:
 
 def tp_error(partition: list, with_topology: bool, kind: str = "dense", heads: int = 0):
     """apply_tp on this rank's group; return the error's type and message (None if it passed)."""
-    from hal.topology import Topology
-    from strategies.tensor_parallel import apply_tp
+    from hal.core.topology import Topology
+    from hal.strategies.tensor_parallel import apply_tp
     group = groups_of(partition)
     cfg = CFGS[kind] if not heads else DENSE.model_copy(update={"heads": heads, "hidden": heads * 8})
     topo = None
@@ -118,7 +118,7 @@ def probe_refusal(partition: list):
     custom op without a DTensor sharding rule does): the typed error, or None if nothing was raised."""
     import hal.ops as ops
     from torch.distributed.tensor import DTensor
-    from strategies.tensor_parallel import TensorParallelError, probe_kernels, tp_mesh
+    from hal.strategies.tensor_parallel import TensorParallelError, probe_kernels, tp_mesh
     mesh = tp_mesh(groups_of(partition))
     probe_kernels(mesh)  # the emulated chip's own kernels accept DTensors
     bound = ops._linear

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import pytest
 
-from testbed import BedSpec, Testbed, TestbedUnavailable, check_available, sweep_stale
-from testbed.launch import JobResult, launch
+from hal.testbed import BedSpec, Testbed, TestbedUnavailable, check_available, sweep_stale
+from hal.testbed.launch import JobResult, launch
 
 
 def _root_links() -> set[str]:

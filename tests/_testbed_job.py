@@ -1,6 +1,6 @@
 """One torchrun job on the test bed that runs a list of cases on every rank and prints their results.
 
-    torchrun ... -m testbed.rank_nic -m tests._testbed_job '<json: [[case, args...], ...]>' TIMEOUT_S
+    torchrun ... -m hal.testbed.rank_nic -m tests._testbed_job '<json: [[case, args...], ...]>' TIMEOUT_S
 
 Every rank joins the default `hetero` group once (timeout TIMEOUT_S), runs each case (a function of
 this module or `module:function`), and prints one line per case:
@@ -39,10 +39,10 @@ def _phase(name: str) -> None:
 
 # ---- cases ---------------------------------------------------------------------------------------
 def identity() -> dict:
-    """Where this rank runs and what the bridge built: host identity (as hal.shm compares it), the CPU
+    """Where this rank runs and what the bridge built: host identity (as hal.emulation.shm compares it), the CPU
     fabric HAL_CPU_CCL=auto picked for its sub-cluster's group, and the NIC its gloo sockets use."""
-    import ccl_bridge
-    from hal.shm.host import host_identity
+    import hal.ccl_bridge
+    from hal.emulation.shm.host import host_identity
     pg = dist.group.WORLD
     ident = host_identity()
     import hal
@@ -52,7 +52,7 @@ def identity() -> dict:
            "hostname": socket.gethostname(), "shm_dev": ident["shm_dev"], "pid_ns": ident["pid_ns"],
            "boot_id": ident["boot_id"], "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
            "local_rank": int(os.environ["LOCAL_RANK"]), "group_type": type(pg).__name__}
-    if isinstance(pg, ccl_bridge.HeteroProcessGroup):
+    if isinstance(pg, hal.ccl_bridge.HeteroProcessGroup):
         fx = pg.fabric
         out["intra_pg"] = type(fx.intra.pg).__name__ if fx.intra.pg is not None else None
         out["rails"] = {str(i): type(c.pg).__name__ for i, c in fx.rails.items()}
@@ -132,7 +132,7 @@ def _resolve(name: str):
 def main() -> None:
     cases = json.loads(sys.argv[1])
     timeout_s = float(sys.argv[2])
-    import ccl_bridge  # noqa: F401 - registers "hetero"
+    import hal.ccl_bridge  # noqa: F401 - registers "hetero"
     rank = int(os.environ["RANK"])
     try:
         dist.init_process_group("hetero", timeout=datetime.timedelta(seconds=timeout_s))

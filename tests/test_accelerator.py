@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import hal
-from hal.selection import select_chip
-from hal.capabilities import CapabilityMatrix
-from hal.runtime import CpuRuntime
+from hal.core.selection import select_chip
+from hal.contract.capabilities import CapabilityMatrix
+from hal.emulation.runtime import CpuRuntime
 
-_acc_module = importlib.import_module("hal.selection")  # `hal.accelerator` is the function
+_acc_module = importlib.import_module("hal.core.selection")  # `hal.accelerator` is the function
 REPO = Path(__file__).resolve().parents[1]
 ENV_VARS = ("HAL_CHIP", "HAL_EMULATE", "HAL_CLUSTER", "HAL_EMULATE_DILATION", "RANK", "WORLD_SIZE",
             "LOCAL_RANK")

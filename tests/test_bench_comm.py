@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from benchmarks.comm import OpCase
-from benchmarks.harness import BenchError, parse_size, size_ladder
-from hal.efficiency import UnknownCollectiveError
-from hal.efficiency import busbw_factor as bus_factor
+from hal.bench.comm import OpCase
+from hal.bench.harness import BenchError, parse_size, size_ladder
+from hal.core.efficiency import UnknownCollectiveError
+from hal.core.efficiency import busbw_factor as bus_factor
 from hal.cli import main
 
 BACKEND = "hetero"

@@ -1,9 +1,9 @@
-"""benchmarks/harness.py, the one harness every benchmark shares: slowest-rank medians, nccl-tests
-bandwidths (factors from hal.efficiency, the one definition), and the candidate/baseline table."""
+"""hal/bench/harness.py, the one harness every benchmark shares: slowest-rank medians, nccl-tests
+bandwidths (factors from hal.core.efficiency, the one definition), and the candidate/baseline table."""
 import pytest
 
-from benchmarks.harness import BenchError, Row, bandwidths, comparison_lines, median_us, slowest_median
-from hal.efficiency import BUSBW_FACTOR, UnknownCollectiveError, busbw_factor
+from hal.bench.harness import BenchError, Row, bandwidths, comparison_lines, median_us, slowest_median
+from hal.core.efficiency import BUSBW_FACTOR, UnknownCollectiveError, busbw_factor
 
 
 def test_slowest_rank_per_repeat_then_median():

@@ -210,6 +210,6 @@ def test_single_chip_world_passes_through():
     with WorkerPool(2, env={"HAL_EMULATE": "ascend:2", "HAL_CPU_CCL": "gloo"}) as p:
         p.run(cases.setup, 30.0, timeout=120)
         for name, backend, chip, values in p.run(cases.world_group_kind):
-            # the chip's own CPU fabric (gloo here, possibly behind hal.gloo_group's strided-safe wrapper)
+            # the chip's own CPU fabric (gloo here, possibly behind hal.emulation.gloo_group's strided-safe wrapper)
             assert name in ("ProcessGroup", "StridedSafeGloo") and backend == "ProcessGroupGloo" and chip == "ascend"
             assert values == [3.0, 3.0, 3.0]

@@ -4,7 +4,7 @@ raise a typed bridge error naming the op and its sequence number within timeout 
 One 2+2 pool (cuda:2, ascend:2, emulated). Each case builds a fresh `hetero` group with a 2 s timeout
 (the group of the previous case is broken, as a group is after a failure), runs one healthy all_reduce
 (#0) and then one (#1) in which the victim freezes (sleeps with its connections open) or dies
-(os._exit) at a named point (`ccl_bridge.faults`). The kill case runs last: it leaves the pool with a
+(os._exit) at a named point (`hal.ccl_bridge.faults`). The kill case runs last: it leaves the pool with a
 dead worker. Bounds: TIMEOUT + GRACE (the bridge's own promise) + SLACK for a loaded CI machine; a
 hang would instead run into the pool's 60 s limit.
 """
@@ -38,7 +38,7 @@ def _check_survivors(outcomes, victim):
         assert o.ok, f"rank {o.rank}: {o.error}"
         res = o.value
         assert res["type"] in ("BridgeTimeoutError", "BridgePeerError"), f"rank {o.rank}: {res}"
-        # the same base as the chips' CCL errors (hal.shm): one type to catch on either side
+        # the same base as the chips' CCL errors (hal.emulation.shm): one type to catch on either side
         want = "CollectiveTimeoutError" if res["type"] == "BridgeTimeoutError" else "CollectivePeerError"
         assert res["hal_base"] == [want], f"rank {o.rank}: {res}"
         assert res["op"] == "all_reduce" and res["seq"] == 1, f"rank {o.rank}: {res}"

@@ -1,7 +1,7 @@
 """torch's own DDP, FSDP2 and pipelining schedules train on the `hetero` group of a mixed emulated
 cluster (2 cuda + 2 ascend ranks) and match a single-process run of the same model and data.
 
-Each case runs a few SGD steps of the hal.ops transformer (strategies/models.py) on 4 ranks and every
+Each case runs a few SGD steps of the hal.ops transformer (hal/strategies/models.py) on 4 ranks and every
 rank compares the parameters it holds with a single-process reference it computes itself (same seeds).
 Tolerance: every fp32 parameter within 1e-5 absolute of the reference (the difference is only
 summation order: per-rank partial gradients added across the bridge vs one batched matmul; measured

@@ -5,13 +5,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import ccl_bridge
-from ccl_bridge.ccl import Ccl, _bits, _unbits
-from ccl_bridge.config import BridgeConfig
-from ccl_bridge.reduction import local_reduce, reduce_spec
-from ccl_bridge.topology import RankIdentity, build_topology
+import hal.ccl_bridge
+from hal.ccl_bridge.ccl import Ccl, _bits, _unbits
+from hal.ccl_bridge.config import BridgeConfig
+from hal.ccl_bridge.reduction import local_reduce, reduce_spec
+from hal.ccl_bridge.topology import RankIdentity, build_topology
 from hal import CapabilityMatrix, NotSupportedError
-from hal.emulation import cpu_fabric_capabilities
+from hal.emulation.emulate import cpu_fabric_capabilities
 
 
 def ids(spec: str, emulated: bool = True):
@@ -90,11 +90,11 @@ def test_config_from_env_and_errors():
                                "HAL_BRIDGE_DEBUG": "1", "HAL_BRIDGE_PIPELINE_DEPTH": "3"})
     assert (c.small_bytes, c.wire_dtype, c.debug, c.pipeline_depth) == (100, "bfloat16", True, 3)
     assert BridgeConfig.from_env({}) == BridgeConfig()
-    with pytest.raises(ccl_bridge.BridgeConfigError, match="HAL_BRIDGE_WIRE_DTYPE='fp8'"):
+    with pytest.raises(hal.ccl_bridge.BridgeConfigError, match="HAL_BRIDGE_WIRE_DTYPE='fp8'"):
         BridgeConfig.from_env({"HAL_BRIDGE_WIRE_DTYPE": "fp8"})
-    with pytest.raises(ccl_bridge.BridgeConfigError, match="HAL_BRIDGE_CHUNK_BYTES='big'"):
+    with pytest.raises(hal.ccl_bridge.BridgeConfigError, match="HAL_BRIDGE_CHUNK_BYTES='big'"):
         BridgeConfig.from_env({"HAL_BRIDGE_CHUNK_BYTES": "big"})
-    with pytest.raises(ccl_bridge.BridgeConfigError, match="pipeline_depth=0"):
+    with pytest.raises(hal.ccl_bridge.BridgeConfigError, match="pipeline_depth=0"):
         BridgeConfig(pipeline_depth=0)
 
 
@@ -165,8 +165,8 @@ def test_bit_carriers_round_trip(dtype, n, blocks):
 
 def test_registration_is_idempotent_and_claims_no_default_device():
     before = dict(dist.Backend.default_device_backend_map)
-    ccl_bridge.register()
-    ccl_bridge.register()
+    hal.ccl_bridge.register()
+    hal.ccl_bridge.register()
     assert dist.Backend.backend_list.count("hetero") == 1
     assert "cpu" in dist.Backend.backend_capability["hetero"]
     assert dist.Backend.default_device_backend_map == before
@@ -179,7 +179,7 @@ def test_all_to_all_routes(shape):
     """Each cross pair (s, d) takes one rail that has d, its relay is that rail's member in s's
     sub-cluster (s itself whenever s shares a rail with d), and the relays of a sub-cluster's
     sources towards one destination are spread over d's rails."""
-    from ccl_bridge.alltoall import cross_rails, relaying
+    from hal.ccl_bridge.alltoall import cross_rails, relaying
     t = build_topology(ids(shape))
     table = cross_rails(t)
     relays_used = False

@@ -80,9 +80,9 @@ def test_hal_info_loads_plugins_but_nothing_above_hal():
     assert not got["hetero"], "hal info registered the hetero backend (it imported ccl_bridge)"
 
 
-@pytest.mark.parametrize("argv, module", [(["demo", "--help"], "commands.demo"),
-                                          (["bench", "comm", "--help"], "commands.bench"),
-                                          (["conformance", "--help"], "commands.conformance")])
+@pytest.mark.parametrize("argv, module", [(["demo", "--help"], "hal.cli.demo"),
+                                          (["bench", "comm", "--help"], "hal.cli.bench"),
+                                          (["conformance", "--help"], "hal.cli.conformance")])
 def test_a_chosen_subcommand_imports_its_module_only(argv, module):
     got = _loaded(f"from hal.cli import main; main({argv!r})")
     assert got["code"] == 0
@@ -100,8 +100,8 @@ def test_every_subcommand_module_has_the_interface():
 
 
 def test_no_module_launches_a_strategies_module_by_name():
-    """`hal` (and commands/) start rank jobs by module name; none may name a module of a lower
-    layer's package as an application: the demo's rank job lives in commands/ with its launcher."""
+    """`hal` (and hal/cli/) start rank jobs by module name; none may name a module of a lower
+    layer's package as an application: the demo's rank job lives in hal/cli/ with its launcher."""
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     for path in list((root / "hal").rglob("*.py")) + list((root / "commands").rglob("*.py")):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hal.cluster import load_cluster_spec, parse_bandwidth, parse_cluster_spec
-from hal.errors import ClusterSpecError
+from hal.core.cluster import load_cluster_spec, parse_bandwidth, parse_cluster_spec
+from hal.contract.errors import ClusterSpecError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "clusters"
 
@@ -58,7 +58,7 @@ def test_uneven_rails():
     spec = parse_cluster_spec(SPEC.format(rpn=3, extra="").replace("nodes = 2\n", "nodes = 1\n")
                               .replace('ranks_per_node = 2\n', 'ranks_per_node = 1\n', 1), "u.toml")
     assert [s.world_size for s in spec.sub_clusters] == [1, 3]
-    # the bridge's rails (hal.topology): the lone rank 0 is home of every part, on every rail
+    # the bridge's rails (hal.core.topology): the lone rank 0 is home of every part, on every rail
     assert spec.rails() == [[0, 1], [0, 2], [0, 3]]
 
 
@@ -183,7 +183,8 @@ def test_load_checks_chips_against_a_plugin_manager(tmp_path):
 def test_cli_cluster_show(capsys):
     """`hal cluster show` validates chips against the plugins and prints the layout with link figures."""
     import hal
-    from hal import cli, plugin_manager
+    from hal import cli
+    from hal.core import plugin_manager
     from tests.test_plugin_manager import make_plugin
     pm = hal.PluginManager()
     for chip in ("cuda", "ascend"):

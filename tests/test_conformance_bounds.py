@@ -4,10 +4,10 @@ goes on. Runs the HANGS plugins of tests/broken_plugins with short bounds (a 3 s
 a multi-rank check is cut after `multi_rank_timeout(3)` s; binding is cut after 20 s)."""
 import pytest
 
-from conformance import bounds
-from conformance.runner import PoolHandle
-from conformance.suite import run_suite
-from conformance.target import load_target
+from hal.conformance import bounds
+from hal.conformance.runner import PoolHandle
+from hal.conformance.suite import run_suite
+from hal.conformance.target import load_target
 from tests.test_conformance_broken import run_broken
 
 TIMEOUT = 3.0
@@ -55,7 +55,7 @@ def test_a_spent_level_budget_fails_the_rest_at_once(pool):
 
 
 def test_hard_bound_of_level_all_is_stated():
-    from conformance.checks import LEVELS
+    from hal.conformance.checks import LEVELS
     bound = bounds.hard_bound(LEVELS, 60.0)
     assert 0 < bound < 3 * 3600  # a figure docs/conformance.md states; here only its sanity
     assert bounds.hard_bound(LEVELS, 120.0) > bound  # longer group timeouts scale the budgets

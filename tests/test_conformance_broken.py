@@ -13,9 +13,9 @@ import pkgutil
 import pytest
 
 import tests.broken_plugins as broken_pkg
-from conformance.runner import PoolHandle
-from conformance.suite import run_suite
-from conformance.target import load_target
+from hal.conformance.runner import PoolHandle
+from hal.conformance.suite import run_suite
+from hal.conformance.target import load_target
 
 ALL = sorted(m.name for m in pkgutil.iter_modules(broken_pkg.__path__) if m.name.startswith("bad_"))
 BROKEN = [n for n in ALL if not getattr(importlib.import_module(f"tests.broken_plugins.{n}"), "HANGS", False)]

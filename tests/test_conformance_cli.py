@@ -1,4 +1,4 @@
-"""`hal conformance` and `pytest -p conformance`: exit codes, the three report formats, -k selection,
+"""`hal conformance` and `pytest -p hal.conformance`: exit codes, the three report formats, -k selection,
 and the engine's guarantees (a hang or an abort fails one check and the pool is replaced).
 
 Report formats are checked on synthetic results (no processes); the CLI runs in-process on the
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance.checks import Check, CheckFailed, CheckResult, matches, parse_levels
-from hal.efficiency import EfficiencyMatrix
-from conformance.report import Report
-from conformance.runner import PoolHandle, Runner
-from conformance.target import load_target
+from hal.conformance.checks import Check, CheckFailed, CheckResult, matches, parse_levels
+from hal.core.efficiency import EfficiencyMatrix
+from hal.conformance.report import Report
+from hal.conformance.runner import PoolHandle, Runner
+from hal.conformance.target import load_target
 from hal.cli import main as hal_main
 
 
@@ -140,7 +140,7 @@ def test_list_shows_ids_with_what_they_verify(capsys):
 
 
 def test_pytest_plugin_runs_checks_as_items(tmp_path):
-    """As a vendor's CI runs it: a fresh interpreter, `pytest -p conformance --hal-plugin NAME -k ...`."""
+    """As a vendor's CI runs it: a fresh interpreter, `pytest -p hal.conformance --hal-plugin NAME -k ...`."""
     junit = tmp_path / "j.xml"
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "conformance", "-q", "-p", "no:cacheprovider",
                         "--hal-plugin", "cpu", "--hal-level", "contract", "-k", "registers or plausible",
@@ -169,7 +169,7 @@ def test_pytest_plugin_reports_a_failing_check(tmp_path, capsys):
 
 
 def test_pytest_plugin_is_inert_without_hal_plugin():
-    from conformance import pytest_configure
+    from hal.conformance import pytest_configure
 
     class Config:
         registered = []

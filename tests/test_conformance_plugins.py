@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from conformance.checks import LEVELS
-from hal.efficiency import EfficiencyMatrix
-from conformance.runner import PoolHandle
-from conformance.suite import run_suite
-from conformance.target import load_target
+from hal.conformance.checks import LEVELS
+from hal.core.efficiency import EfficiencyMatrix
+from hal.conformance.runner import PoolHandle
+from hal.conformance.suite import run_suite
+from hal.conformance.target import load_target
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from hal import emulation, runtime
-from hal.capabilities import CapabilityMatrix
-from hal.emulation import (chips_in_map, cpu_fabric_capabilities, dilation_for, emulated_capabilities,
+from hal.emulation import emulate as emulation
+
+from hal.contract import runtime
+from hal.contract.capabilities import CapabilityMatrix
+from hal.emulation.emulate import (chips_in_map, cpu_fabric_capabilities, dilation_for, emulated_capabilities,
                            emulated_chip_for_rank, emulated_ranks, parse_emulate_map)
-from hal.errors import ChipSelectionError
+from hal.contract.errors import ChipSelectionError
 
 
 def test_parse_map_and_single_name():

@@ -154,7 +154,7 @@ def test_nproc_alone_splits_cuda_and_ascend(launches, capsys):
 
 def test_default_bench_is_small(launches, capsys):
     # the default ladder stops at 16 MiB (the old 256 MiB default took ~3 minutes on this machine)
-    from benchmarks.harness import parse_size
+    from hal.bench.harness import parse_size
     assert main(["bench", "comm"]) == 0
     (cmd, _), = launches
     assert parse_size(cmd[cmd.index("--max-bytes") + 1]) == 16 << 20
@@ -163,7 +163,7 @@ def test_default_bench_is_small(launches, capsys):
 # ---- run time: the first failing rank, once ------------------------------------------------------
 _FAKE_RANKS = r"""
 import os, sys, time
-from hal.launch_check import report_rank_failure
+from hal.launch.check import report_rank_failure
 os.environ["HAL_EMULATE"] = "cuda:2,ascend:2"
 for rank, exc in ((3, ValueError("shape (4, 8) vs (4, 9) in op 'matmul'")), (0, TimeoutError("peer gone"))):
     os.environ["RANK"] = str(rank)
@@ -175,7 +175,7 @@ sys.exit(1)
 
 
 def test_launcher_prints_the_first_failing_rank_once(capsys):
-    from hal.launch_check import run_ranks
+    from hal.launch.check import run_ranks
     import os
     code = run_ranks("hal demo", [sys.executable, "-c", _FAKE_RANKS], dict(os.environ))
     err = capsys.readouterr().err
@@ -190,7 +190,7 @@ def test_launcher_prints_the_first_failing_rank_once(capsys):
 
 
 def test_launcher_without_a_python_error_says_so(capsys):
-    from hal.launch_check import run_ranks
+    from hal.launch.check import run_ranks
     import os
     code = run_ranks("hal bench comm", [sys.executable, "-c", "import sys; print('killed', file=sys.stderr); "
                                         "sys.exit(3)"], dict(os.environ))
@@ -201,7 +201,7 @@ def test_launcher_without_a_python_error_says_so(capsys):
 
 # ---- flags do what their help says ----------------------------------------------------------------
 def test_info_exits_2_when_no_accelerator_can_be_selected(monkeypatch, capsys):
-    from hal.selection import reset
+    from hal.core.selection import reset
     monkeypatch.setenv("HAL_EMULATE", "foo")
     try:
         assert main(["info"]) == 2
@@ -226,9 +226,9 @@ def _ddp_replay(dtype, steps: int, global_batch: int, world: int, lose_rank: int
     (what DDP's all_reduce does), then the same HalAdamW step on every replica. `lose_rank` >= 0 drops
     that rank's gradient from the sum: the kind of bug parity is there to catch."""
     import torch
-    from commands.demo_job import CFG, DATA_SEED, MODEL_SEED
-    from strategies.models import build_model, lm_loss, make_batches, rank_slice
-    from strategies.optim import HalAdamW
+    from hal.cli.demo_job import CFG, DATA_SEED, MODEL_SEED
+    from hal.strategies.models import build_model, lm_loss, make_batches, rank_slice
+    from hal.strategies.optim import HalAdamW
     data = make_batches(CFG, steps, global_batch, DATA_SEED)
     model = build_model(CFG, MODEL_SEED).to(dtype)
     opt = HalAdamW(model.parameters(), lr=3e-3)
@@ -251,7 +251,7 @@ def _ddp_replay(dtype, steps: int, global_batch: int, world: int, lose_rank: int
 
 def test_small_batch_parity_is_float32_rounding_not_a_bug():
     import torch
-    from commands.demo_job import float32_floor, parity_ok, replay
+    from hal.cli.demo_job import float32_floor, parity_ok, replay
     steps, batch, world, tol = 10, 4, 4, 1e-4   # hal demo --steps 10 --global-batch 4 (1 sequence per rank)
     # 1. the code is right: in float64 the data split, the loss means and DDP's division by the world
     #    give the single-process result to rounding (1e-13 here, against parameters moving 3e-2)
@@ -260,7 +260,7 @@ def test_small_batch_parity_is_float32_rounding_not_a_bug():
     assert (ddp64 - exact).abs().max().item() < 1e-10
     # 2. the fixed tolerance is wrong here: the single float32 process is itself more than 1e-4 from the
     #    exact result (AdamW's lr * m / (sqrt(v) + eps) turns the rounding of nearly cancelling gradients,
-    #    |g| ~ 1e-8..1e-7, into update changes: see commands.demo_job.float32_floor)
+    #    |g| ~ 1e-8..1e-7, into update changes: see hal.cli.demo_job.float32_floor)
     ddp32, _ = _ddp_replay(torch.float32, steps, batch, world)
     single32, _ = replay(data, 3e-3)
     dist_err, single_err = float32_floor(ddp32, single32, exact)
@@ -303,7 +303,7 @@ def test_cluster_show_refuses_a_huge_layout_at_once(tmp_path, capsys):
 
 def test_demo_plan_says_which_ranks_are_emulated(monkeypatch):
     import argparse
-    from commands.demo import add_arguments, plan
+    from hal.cli.demo import add_arguments, plan
     p = argparse.ArgumentParser()
     add_arguments(p)
     for k in CLEAN:

@@ -1,5 +1,5 @@
 """The first hour (issue 16), second part: `hal train` and `hal testbed run` go through the launching
-commands' one validation pass (hal.launch_check) and report a failing rank once; the documented exit
+commands' one validation pass (hal.launch.check) and report a failing rank once; the documented exit
 codes of the launching commands hold; `hal conformance` says why checks were skipped. (`hal --help`
 importing no torch is tests/test_cli_imports.py.)
 
@@ -141,9 +141,9 @@ def test_train_world_size_comes_from_the_cluster_spec(tmp_path, launches, monkey
     (cmd, env), = launches
     assert cmd[cmd.index("--nproc-per-node") + 1] == "4"
     assert env["HAL_CLUSTER"] == LAPTOP and "HAL_EMULATE" not in env and "HAL_CHIP" not in env
-    # the ranks start through hal.rank_entry, which reports an uncaught error as one line
-    i = cmd.index("hal.rank_entry")
-    assert cmd[i - 1] == "-m" and cmd[i + 1:i + 3] == ["-m", "trainer.loop"]
+    # the ranks start through hal.launch.rank_entry, which reports an uncaught error as one line
+    i = cmd.index("hal.launch.rank_entry")
+    assert cmd[i - 1] == "-m" and cmd[i + 1:i + 3] == ["-m", "hal.trainer.loop"]
     assert run_dir.is_dir(), "the run directory is created before launch"
     assert "cluster.spec" in capsys.readouterr().out
 
@@ -196,8 +196,8 @@ def test_train_rank_failure_at_run_time_prints_the_first_failing_rank_once(tmp_p
 
 
 def test_a_rank_reports_once_with_its_chip_from_the_cluster_spec(monkeypatch, capsys):
-    # a job's own wrapper (commands.demo_job.entry) and hal.rank_entry around it: one line, not two
-    from hal.launch_check import report_rank_failure
+    # a job's own wrapper (hal.cli.demo_job.entry) and hal.launch.rank_entry around it: one line, not two
+    from hal.launch.check import report_rank_failure
     for k in CLEAN:
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("RANK", "3")
@@ -212,7 +212,7 @@ def test_a_rank_reports_once_with_its_chip_from_the_cluster_spec(monkeypatch, ca
 def test_a_rank_killed_by_a_signal_is_named_from_torchruns_root_cause(tmp_path, capsys):
     """No Python exception to report (SIGKILL, as the OOM killer sends): the launcher reads torchrun's
     own "Root Cause" block and prints that rank and signal once."""
-    from hal.launch_check import run_ranks
+    from hal.launch.check import run_ranks
     from hal.testing import free_port
     script = tmp_path / "ranks.py"
     script.write_text("import os, signal, time\n"
@@ -256,8 +256,8 @@ class _FakeBed:
     ({}, []),                                           # no chip variable: the machine's own chip
 ])
 def test_testbed_run_checks_the_ranks_chip_environment(env, needles, launches, monkeypatch):
-    from hal.launch_check import LaunchError
-    from commands.testbed import _check_chips
+    from hal.launch.check import LaunchError
+    from hal.cli.testbed import _check_chips
     bed = _FakeBed([2, 2])
     if not needles:
         _check_chips(bed, env)
@@ -286,21 +286,21 @@ def test_testbed_bad_input_is_one_line(argv, needles, launches, capsys):
 
 
 def test_testbed_bed_chips_from_up_are_checked_too(launches):
-    from hal.launch_check import LaunchError
-    from commands.testbed import _check_chips
+    from hal.launch.check import LaunchError
+    from hal.cli.testbed import _check_chips
     _check_chips(_FakeBed([1, 1], chips=("cuda", "ascend")), {})
     with pytest.raises(LaunchError, match="'foo'"):
         _check_chips(_FakeBed([1, 1], chips=("cuda", "foo")), {})
 
 
 def _result(outputs, codes, timed_out=False):
-    from testbed.launch import HostRun, JobResult
+    from hal.testbed.launch import HostRun, JobResult
     return JobResult(hosts=[HostRun(h, c, o) for h, (o, c) in enumerate(zip(outputs, codes))], seconds=1.0,
                      timed_out=timed_out)
 
 
 def test_testbed_report_prints_the_first_failing_rank_once(capsys):
-    from commands.testbed import _report
+    from hal.cli.testbed import _report
     host0 = "[hal rank error] t=2.5 rank=0 chip=cuda BridgePeerError: peer 1 closed\nTraceback ...\n"
     host1 = ("[hal rank error] t=1.5 rank=1 chip=ascend ValueError: shape (4, 8) vs (4, 9)\nTraceback ...\n"
              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ...\n")
@@ -315,7 +315,7 @@ def test_testbed_report_prints_the_first_failing_rank_once(capsys):
 
 
 def test_testbed_report_timeout_is_124_and_success_prints_every_host(capsys):
-    from commands.testbed import _report
+    from hal.cli.testbed import _report
     assert _report(_result(["half done\n", ""], [None, None], timed_out=True), 5) == 124
     err = capsys.readouterr().err.splitlines()
     assert "stopped after 5s (--timeout)" in err[0] and len(err) == 2
@@ -330,7 +330,7 @@ def test_rank_nic_reports_an_uncaught_error_as_one_marked_line(tmp_path):
     script.write_text("raise ValueError('bad shape (4, 8) on this rank')\n")
     env = {k: v for k, v in os.environ.items() if k not in CLEAN}
     env.update(RANK="1", LOCAL_RANK="0", HAL_EMULATE="cuda:1,ascend:1", HAL_RANK_NICS="lo")
-    p = subprocess.run([sys.executable, "-m", "testbed.rank_nic", str(script)], cwd=ROOT, env=env,
+    p = subprocess.run([sys.executable, "-m", "hal.testbed.rank_nic", str(script)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 1
     first = p.stderr.splitlines()[0]
@@ -342,7 +342,7 @@ def test_rank_nic_reports_an_uncaught_error_as_one_marked_line(tmp_path):
 @pytest.fixture
 def real_bed():
     """A 2-host bed (one rank each, cuda + ascend emulated) built by `hal testbed up`, taken down after."""
-    from testbed import TestbedUnavailable, check_available
+    from hal.testbed import TestbedUnavailable, check_available
     try:
         check_available()
     except TestbedUnavailable as exc:

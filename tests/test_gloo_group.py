@@ -1,4 +1,4 @@
-"""The CPU fabric over gloo is right for non-contiguous tensors (hal.gloo_group.StridedSafeGloo), and
+"""The CPU fabric over gloo is right for non-contiguous tensors (hal.emulation.gloo_group.StridedSafeGloo), and
 torch 2.13's own ProcessGroupGloo is not (pytorch/pytorch#192920): every collective on a column view
 `base[:, 1]`, two ranks, checking the view and that no element outside it changed.
 

@@ -2,7 +2,7 @@
 
 Until commit ac65111 `hal demo` skipped `dist.destroy_process_group()` on `hetero`, because destroying a
 default hetero group ended the rank with "terminate called without an active exception" (SIGABRT) at
-interpreter exit. The workaround is gone from commands/demo_job.py; this test holds the fix: 4 ranks
+interpreter exit. The workaround is gone from hal/cli/demo_job.py; this test holds the fix: 4 ranks
 (emulated cuda:2 + ascend:2, so the bridge has two sub-clusters and rails), DDP through a default hetero
 group, a hetero subgroup destroyed on its own, then the default group; then every rank process exits
 and its exit code must be 0 (an abort at exit reads -6). Emulated chips on CPU, as everywhere here.

@@ -4,7 +4,7 @@
 What runs, for real: a wheel is built from a copy of this checkout's packaging and sources with
 HAL_BUILD_SHM=0 and CC/CXX pointing at `false` (so any compiler call would fail the build), pip
 installs it into a temporary folder, and a fresh interpreter with that folder first on sys.path (not
-this checkout) imports hal, finds `hal.shm.available()` False with a reason naming HAL_BUILD_SHM and
+this checkout) imports hal, finds `hal.emulation.shm.available()` False with a reason naming HAL_BUILD_SHM and
 how to get the fabric, gets a typed `ShmSetupError` asking for an shm group, and runs a 2-rank
 all_reduce over the CPU fabric that HAL_CPU_CCL=auto picks (gloo). Second test: the same
 build without the switch calls the compiler (and so fails with CC=false): the switch, not chance, makes
@@ -52,7 +52,7 @@ def test_wheel_without_compiler_installs_and_falls_back_to_gloo(tmp_path):
     assert wheel.name.endswith("-py3-none-any.whl"), wheel.name  # pure Python: nothing compiled
     names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if n.endswith((".so", ".pyd"))]
-    assert "hal/shm/__init__.py" in names and "hal/data/catalog/cuda.toml" in names and "hal_cpu/__init__.py" in names
+    assert "hal/emulation/shm/__init__.py" in names and "hal/data/catalog/cuda.toml" in names and "hal_cpu/__init__.py" in names
 
     inst = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
                            "--target", str(target), str(wheel)], env=env, capture_output=True, text=True,
@@ -81,7 +81,7 @@ def test_wheel_without_compiler_installs_and_falls_back_to_gloo(tmp_path):
 
 
 def test_default_build_compiles_the_fabric(tmp_path):
-    """Without HAL_BUILD_SHM=0 the wheel build compiles csrc/ into hal.shm._shm: with CC/CXX = `false`
+    """Without HAL_BUILD_SHM=0 the wheel build compiles csrc/ into hal.emulation.shm._shm: with CC/CXX = `false`
     it stops at the first compile. pip's build isolation provides pybind11 (from the configured index);
     where no index answers, the test is skipped and says so."""
     src = tmp_path / "src"

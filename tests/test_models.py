@@ -1,4 +1,4 @@
-"""strategies.models: ModelConfig validation and files, the GPT (names the strategies shard by, every op
+"""hal.strategies.models: ModelConfig validation and files, the GPT (names the strategies shard by, every op
 through hal.ops, causal, rotary, deterministic init, dense and MoE), and the per-layer counts against
 REFERENCE.md's formulas. Single process."""
 from pathlib import Path
@@ -8,10 +8,10 @@ import torch
 
 import hal
 import hal.ops
-from strategies.errors import ModelConfigError
-from strategies.models import (GPT, ModelConfig, TinyConfig, TinyTransformer, build_model, count_tokens,
+from hal.strategies.errors import ModelConfigError
+from hal.strategies.models import (GPT, ModelConfig, TinyConfig, TinyTransformer, build_model, count_tokens,
                                lm_loss, lm_loss_sum, make_batches)
-from strategies.models.gpt import rotary_tables
+from hal.strategies.models.gpt import rotary_tables
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "models"
 TINY = dict(name="t", layers=2, hidden=32, heads=4, ffn=64, vocab=64, seq=16)

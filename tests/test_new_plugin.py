@@ -72,7 +72,7 @@ def test_hal_info_lists_the_installed_plugin(acme):
 
 def test_op_tests_pass_on_it_emulated(acme):
     root, _, _, env, _ = acme
-    if importlib.util.find_spec("hal.cli_ops_check") is not None:
+    if importlib.util.find_spec("hal.cli.ops_check") is not None:
         res = json.loads(_run([HAL, "ops-check", "--chips", "acme", "--dtype", "float32,bfloat16", "--json"],
                               env=env, cwd=root).stdout)
         (chip,) = res["chips"]
@@ -114,7 +114,7 @@ VENDOR_VALUES = {
 STAND_IN_ADAPTER = '''"""Stand-in for a vendor's PyTorch adapter: registers the `regccl` backend at import."""
 import torch.distributed as dist
 
-from hal.gloo_group import StridedSafeGloo
+from hal.emulation.gloo_group import StridedSafeGloo
 
 
 class RegCclGroup(StridedSafeGloo):

@@ -21,7 +21,7 @@ from hal.ops import OP_NAMES, golden, reference
 from hal.ops.tolerances import DTYPES as TOL_DTYPES
 from hal.ops.tolerances import RULES, UNIT_ROUNDOFF, tolerance
 
-_acc_module = importlib.import_module("hal.selection")  # `hal.accelerator` is the function
+_acc_module = importlib.import_module("hal.core.selection")  # `hal.accelerator` is the function
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -468,7 +468,7 @@ def test_ops_check_cli_passes_and_labels_emulated_chips(restore_hal, capsys):
 
 def test_ops_check_cli_fails_on_a_wrong_kernel(restore_hal, capsys):
     from hal.cli import main
-    from hal.cli_ops_check import run_checks
+    from hal.cli.ops_check import run_checks
 
     class Fake:  # a second chip, emulated by the check; a wrong gelu kernel registered for it
         __name__ = "fakechip"

@@ -34,7 +34,7 @@ PYPROJECT = textwrap.dedent('''
 PLUGIN = textwrap.dedent('''
     """Acme's HAL plugin: the made-up chip `acme`, which runs on the host CPU."""
     import hal
-    from hal.emulation import cpu_fabric_capabilities, create_cpu_process_group
+    from hal.emulation.emulate import cpu_fabric_capabilities, create_cpu_process_group
 
     CHIP = hal.ChipSpec(name="acme", vendor="Acme Corp", torch_device_type="cpu", ccl_backend="gloo",
                         ccl_name="ACCL", visible_devices_env="ACME_VISIBLE_DEVICES")

@@ -1,14 +1,14 @@
-"""strategies.plan: Plan round-trips (TOML, JSON, files), the even and speed-weighted constructors, and
+"""hal.strategies.plan: Plan round-trips (TOML, JSON, files), the even and speed-weighted constructors, and
 every rejection - at construction (field-level) and in Plan.check against a topology and a model -
 naming the field path and the value. Single process, no torch.distributed."""
 import json
 
 import pytest
 
-from hal.cluster import ClusterSpec
-from hal.topology import Topology
-from strategies.models import ModelConfig
-from strategies.plan import PLAN_VERSION, Plan, PlanError, Replica, Role, Stage
+from hal.core.cluster import ClusterSpec
+from hal.core.topology import Topology
+from hal.strategies.models import ModelConfig
+from hal.strategies.plan import PLAN_VERSION, Plan, PlanError, Replica, Role, Stage
 
 TINY = ModelConfig(name="tiny", layers=4, hidden=32, heads=4, ffn=64, vocab=64, seq=16)
 MOE = ModelConfig(name="moe", layers=2, hidden=32, heads=4, ffn=32, vocab=64, seq=16, experts=8, top_k=2)

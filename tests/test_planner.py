@@ -8,15 +8,15 @@ import math
 
 import pytest
 
-from hal.cluster import parse_cluster_spec
-from hal.topology import Topology
-from strategies.models import ModelConfig
-from strategies.plan import Plan
-from strategies.planner import ModelFacts, chip_facts, search, simulate
-from strategies.planner import plan_search as S
-from strategies.planner.convert import from_plan, to_plan
-from strategies.planner.cost import replica_cost
-from strategies.planner.simulate import Layout, RepSpec, StageSpec
+from hal.core.cluster import parse_cluster_spec
+from hal.core.topology import Topology
+from hal.strategies.models import ModelConfig
+from hal.strategies.plan import Plan
+from hal.strategies.planner import ModelFacts, chip_facts, search, simulate
+from hal.strategies.planner import plan_search as S
+from hal.strategies.planner.convert import from_plan, to_plan
+from hal.strategies.planner.cost import replica_cost
+from hal.strategies.planner.simulate import Layout, RepSpec, StageSpec
 
 SMALL = ModelConfig(name="small", layers=8, hidden=1024, heads=16, ffn=2816, vocab=32000, seq=1024)
 SMALL_MOE = ModelConfig(name="small-moe", layers=4, hidden=1024, heads=16, ffn=1408, vocab=32000, seq=1024,
@@ -49,8 +49,8 @@ def test_every_figure_has_a_source_and_defaults_say_so():
 
 
 def test_measured_matrix_replaces_catalog(tmp_path):
-    from hal.efficiency import BandwidthFigure, CollectiveFigure, EfficiencyMatrix, MatmulFigure
-    from strategies.planner.facts import load_matrices
+    from hal.core.efficiency import BandwidthFigure, CollectiveFigure, EfficiencyMatrix, MatmulFigure
+    from hal.strategies.planner.facts import load_matrices
 
     def mm(f):
         return MatmulFigure(dtype="bfloat16", m=4096, n=4096, k=4096, flops_per_s=f, seconds_median=1.0, repeats=3)

@@ -1,5 +1,5 @@
 """The planner's expert data parallel (EP groups inside DP: a Plan stage's `ep`) and its rail figures
-from hal.topology: the EP degrees searched, the EP all_to_all's link, the expert gradient reduction,
+from hal.core.topology: the EP degrees searched, the EP all_to_all's link, the expert gradient reduction,
 plans with ep < dp that Plan.check accepts and that round-trip through Plan with the same simulated
 step, and the cross-sub-cluster reduction priced on Topology.rail_bandwidth with the bridge's
 leader-only rule; and that the MoE terms price what the runtime runs: the MoE layer is whole on every
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import pytest
 
-from hal.cluster import parse_cluster_spec
-from hal.topology import Topology
-from strategies.models import ModelConfig
-from strategies.planner import ModelFacts, chip_facts, search, simulate
-from strategies.planner import plan_search as S
-from strategies.planner.convert import from_plan, to_plan
-from strategies.planner.cost import dp_reduce_time, rails_for
-from strategies.planner.facts import LINK_EFFICIENCY, with_rails
-from strategies.planner.simulate import Layout, RepSpec, StageSpec
+from hal.core.cluster import parse_cluster_spec
+from hal.core.topology import Topology
+from hal.strategies.models import ModelConfig
+from hal.strategies.planner import ModelFacts, chip_facts, search, simulate
+from hal.strategies.planner import plan_search as S
+from hal.strategies.planner.convert import from_plan, to_plan
+from hal.strategies.planner.cost import dp_reduce_time, rails_for
+from hal.strategies.planner.facts import LINK_EFFICIENCY, with_rails
+from hal.strategies.planner.simulate import Layout, RepSpec, StageSpec
 
 MOE = ModelConfig(name="small-moe", layers=4, hidden=1024, heads=16, ffn=1408, vocab=32000, seq=1024,
                   experts=8, top_k=2)
@@ -62,7 +62,7 @@ def test_ep_all_to_all_stays_in_the_node_when_the_group_fits_and_copies_reduce()
     assert spread.step_time_s > in_node.step_time_s
     # the search's closed form makes the same choice (ep x tp ranks fit a node: the intra link) and
     # charges 4 all_to_all per layer of the replica's rows x top_k x hidden bf16, (ep - 1) / ep leaving
-    from strategies.planner.cost import replica_cost
+    from hal.strategies.planner.cost import replica_cost
     g = S.Group(h, 1, 2, MOE.experts // 8, 16)
     ep, gmb = S.ep_of(m, 8, 16, g, h.nic_bw, 32)
     assert ep == (8, h.intra_bw) and gmb == 16
@@ -142,7 +142,7 @@ def test_rail_bandwidth_is_the_topologys():
 
 
 def test_leader_only_bridge_carries_the_whole_buffer():
-    # hal.topology.rail_layout: parts = lcm(sizes); above max_parts (256) only the leader rail
+    # hal.core.topology.rail_layout: parts = lcm(sizes); above max_parts (256) only the leader rail
     assert rails_for((8, 8)) and rails_for((128, 64))
     assert not rails_for((17, 16))       # lcm 272 > 256
     topo = _topo(("h", "cuda", "H100", 1, 8), ("a", "ascend", "910B2", 1, 8))
@@ -155,7 +155,7 @@ def test_leader_only_bridge_carries_the_whole_buffer():
 
 
 def test_plan_even_builds_ep_groups_and_rejects_bad_degrees():
-    from strategies.plan import Plan, PlanError
+    from hal.strategies.plan import Plan, PlanError
     topo = Topology.from_chips(["cuda"] * 4 + ["kunlun"] * 4)
     cfg = ModelConfig(name="tiny-moe", layers=2, hidden=32, heads=4, ffn=32, vocab=64, seq=16, experts=4, top_k=2)
     plan = Plan.even(topo, cfg, 8, ep=True, ep_degree=2)
@@ -169,13 +169,13 @@ def test_plan_even_builds_ep_groups_and_rejects_bad_degrees():
         Plan.even(topo, cfg, 8, ep=True)
 
 
-# ---- the cost model prices what the runtime runs (strategies/tensor_parallel.py, apply._apply_dp) ----
+# ---- the cost model prices what the runtime runs (hal/strategies/tensor_parallel.py, apply._apply_dp) ----
 def test_runtime_replicates_the_moe_layer_over_tp():
     # the premise of the MoE terms below: apply_tp's plan shards attention (and a dense MLP) but
     # leaves the MoE layer (router, experts) whole on every TP rank, wrapped only to gather the
     # sequence in and chunk it out; if this changes, cost._replica_cost's MoE terms must change too
-    from strategies.models.gpt import Block
-    from strategies.tensor_parallel import block_plan
+    from hal.strategies.models.gpt import Block
+    from hal.strategies.tensor_parallel import block_plan
     cfg = ModelConfig(name="m", layers=1, hidden=32, heads=4, ffn=32, vocab=64, seq=16, experts=4, top_k=2)
     block = Block(cfg)
     plan = block_plan(block, sequence_parallel=True, first=True, last=True)
@@ -185,7 +185,7 @@ def test_runtime_replicates_the_moe_layer_over_tp():
 
 
 def _moe_cost(tp, experts_local, zero=0, dp=16, ep=None, gmb=16, mb=2):
-    from strategies.planner.cost import replica_cost
+    from hal.strategies.planner.cost import replica_cost
     facts, _ = _facts(_topo(("h", "cuda", "H100", 2, 8)))
     return replica_cost(ModelFacts(MOE), facts[0], tp, MOE.layers, False, False, mb, False, zero, dp, 1,
                         ep=ep, experts_local=experts_local, group_mb=gmb), facts[0]

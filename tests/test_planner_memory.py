@@ -1,9 +1,9 @@
-"""The planner's memory figure (strategies.planner.cost, per rank, as `hal simulate` reports it) against
+"""The planner's memory figure (hal.strategies.planner.cost, per rank, as `hal simulate` reports it) against
 the peak bytes torch really holds on emulated runs of the same plans.
 
 One 4-rank WorkerPool, HAL_EMULATE=cuda:2,ascend:2 (every chip EMULATED on this host's CPU, `hetero`
-backend). Each plan is applied with strategies.apply.apply_plan and trained two AdamW steps (what
-trainer/loop.py runs) in fp32; tests/_memory_cases.LiveStorageBytes counts the live tensor storages
+backend). Each plan is applied with hal.strategies.apply.apply_plan and trained two AdamW steps (what
+hal/trainer/loop.py runs) in fp32; tests/_memory_cases.LiveStorageBytes counts the live tensor storages
 each op creates on the rank (CPU has no allocator statistics, see that module) and reports the peak.
 The prediction is `simulate(from_plan(plan))`'s memory_bytes for the rank with ModelFacts(dtype_bytes=4)
 (the run is fp32), less the bridge's fixed staging buffers (BRIDGE_STAGING), which the bridge allocates
@@ -25,13 +25,13 @@ follow) and MoE.
 import pytest
 
 from hal.testing import WorkerPool
-from hal.topology import Topology
-from strategies.models import ModelConfig
-from strategies.plan import Plan
-from strategies.planner.convert import from_plan
-from strategies.planner.cost import BRIDGE_STAGING, ModelFacts
-from strategies.planner.facts import chip_facts
-from strategies.planner.simulate import simulate
+from hal.core.topology import Topology
+from hal.strategies.models import ModelConfig
+from hal.strategies.plan import Plan
+from hal.strategies.planner.convert import from_plan
+from hal.strategies.planner.cost import BRIDGE_STAGING, ModelFacts
+from hal.strategies.planner.facts import chip_facts
+from hal.strategies.planner.simulate import simulate
 
 from . import _memory_cases as cases
 

@@ -1,4 +1,4 @@
-"""The MoE parameter accounting of the planner's cost model (strategies/planner/cost.py) against what
+"""The MoE parameter accounting of the planner's cost model (hal/strategies/planner/cost.py) against what
 apply_plan really leaves on each rank: expert parameters whole on every TP rank and never sharded by
 ZeRO (DDP and FSDP2 leave them out), the rest TP-sharded and, at ZeRO 2/3, FSDP2-sharded over DP.
 
@@ -15,11 +15,11 @@ model before commit a31aee1 divided the experts by TP (x 0.5 here) and ZeRO-shar
 import pytest
 
 from hal.testing import WorkerPool
-from hal.topology import Topology
-from strategies.models import ModelConfig
-from strategies.plan import Plan
-from strategies.planner.cost import ModelFacts, replica_cost
-from strategies.planner.facts import chip_facts
+from hal.core.topology import Topology
+from hal.strategies.models import ModelConfig
+from hal.strategies.plan import Plan
+from hal.strategies.planner.cost import ModelFacts, replica_cost
+from hal.strategies.planner.facts import chip_facts
 
 from . import _planner_moe_cases as cases
 

@@ -1,16 +1,16 @@
-"""strategies/planner/op_profile.py: the op-by-op cost of a stage, counted on fake tensors, equals what
-timed emulation's clock charges when the same stage really runs on this CPU (hal.timed, a
+"""hal/strategies/planner/op_profile.py: the op-by-op cost of a stage, counted on fake tensors, equals what
+timed emulation's clock charges when the same stage really runs on this CPU (hal.emulation.timed, a
 non-sleeping clock), for the forward, the first backward, a later (accumulating) backward and the
 AdamW step; and it is not what the totals model says on such small layers.
 Single process; nothing sleeps."""
 import pytest
 import torch
 
-from hal import timed
-from strategies.apply import StageModule
-from strategies.models import ModelConfig, build_model
-from strategies.models.data import lm_loss_sum
-from strategies.planner.op_profile import OpProfile, stage_seconds
+from hal.emulation import timed
+from hal.strategies.apply import StageModule
+from hal.strategies.models import ModelConfig, build_model
+from hal.strategies.models.data import lm_loss_sum
+from hal.strategies.planner.op_profile import OpProfile, stage_seconds
 
 CFG = ModelConfig(name="p", layers=4, hidden=64, heads=4, ffn=128, vocab=256, seq=32)
 
@@ -54,9 +54,9 @@ def test_profile_equals_what_the_clock_charges(layers, first, last, rows):
 
 def test_profile_prices_more_than_the_totals_model_on_small_layers():
     """Tiny layers are memory-bound op by op: the roofline per op is well above FLOPs / F."""
-    from hal.topology import Topology
-    from strategies.planner.cost import ModelFacts, replica_cost
-    from strategies.planner.facts import emulated_chip_facts
+    from hal.core.topology import Topology
+    from hal.strategies.planner.cost import ModelFacts, replica_cost
+    from hal.strategies.planner.facts import emulated_chip_facts
     topo = Topology.from_chips(["ascend"])
     (f,) = emulated_chip_facts(topo, 2e5, 1e9, 1e-4)
     by_ops = replica_cost(ModelFacts(CFG, dtype_bytes=4, op_profile=OpProfile(CFG)), f, 1, 2, False, False, 2,

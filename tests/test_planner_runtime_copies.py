@@ -1,10 +1,10 @@
 """The step simulator's runtime copy terms against the copies the runtime really makes.
 
-strategies/planner/simulate.py and op_profile.py price three kinds of memory traffic that the model's
+hal/strategies/planner/simulate.py and op_profile.py price three kinds of memory traffic that the model's
 own ops do not show but timed emulation charges (benchmarks/planner_prediction.py found each as a
 prediction error): DDP's gradient bucket copies, FSDP2's gather / reduce-scatter packing, and the
 `cat` sequence-parallel TP adds around each sequence all-gather / reduce-scatter. Here each is
-counted op by op (hal.timed.record_ops: the bytes the clock charges) on a 2-rank gloo group of CPU
+counted op by op (hal.emulation.timed.record_ops: the bytes the clock charges) on a 2-rank gloo group of CPU
 processes running the real wrappers as apply_plan builds them and HeteroPipeline drives them, and
 compared with the formula the simulator uses. Exact byte counts: the formulas are counts of whole
 tensors, so they hold to the byte (rel 1e-6) or the test fails.
@@ -38,7 +38,7 @@ def test_ddp_bucket_copies_only_in_the_last_backward(pool):
 @pytest.mark.parametrize("zero", [2, 3])
 @pytest.mark.parametrize("first,last", [(True, False), (False, True)])
 def test_fsdp2_copies_match_fsdp_copy_bytes(pool, zero, first, last):
-    from strategies.planner.simulate import fsdp_copy_bytes
+    from hal.strategies.planner.simulate import fsdp_copy_bytes
     r = pool.run(cases.fsdp_copies, zero, first, last, timeout=180)[0]
     P, ends, d, m = r["dense"], r["ends"], 2, cases.M
     for j, (f, b) in enumerate(r["per_mb"]):
@@ -50,8 +50,8 @@ def test_fsdp2_copies_match_fsdp_copy_bytes(pool, zero, first, last):
 def test_sequence_parallel_cats_match_sp_relayout(pool, n_layers):
     import torch
 
-    from strategies.models import ModelConfig
-    from strategies.planner.op_profile import OpProfile, sp_relayout_seconds
+    from hal.strategies.models import ModelConfig
+    from hal.strategies.planner.op_profile import OpProfile, sp_relayout_seconds
     r = pool.run(cases.sp_cats, n_layers, timeout=180)[0]
     assert r["fwd"] == 4 * n_layers + 1 and r["bwd"] == 4 * n_layers + 1, r
     prof = OpProfile(ModelConfig(**cases.CFG), dtype=torch.float32)

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from hal.cluster import parse_cluster_spec
-from hal.topology import Topology
-from strategies.models import ModelConfig
-from strategies.planner import ModelFacts, chip_facts, search, simulate
-from strategies.planner.convert import from_plan, to_plan
-from strategies.planner.simulate import Layout, RepSpec, StageSpec
+from hal.core.cluster import parse_cluster_spec
+from hal.core.topology import Topology
+from hal.strategies.models import ModelConfig
+from hal.strategies.planner import ModelFacts, chip_facts, search, simulate
+from hal.strategies.planner.convert import from_plan, to_plan
+from hal.strategies.planner.simulate import Layout, RepSpec, StageSpec
 
 SMALL = ModelConfig(name="small", layers=8, hidden=1024, heads=16, ffn=2816, vocab=32000, seq=1024)
 
@@ -132,13 +132,13 @@ def test_emulated_2_1_1_at_batch_64_returns_a_placeable_plan():
     # hal train's plan auto on cuda:2,kunlun:1,ascend:1 at global batch 64 (benchmarks/train_efficiency.py)
     # died with an IndexError in materialize: a mixed-family shape asked for two tp-2 cuda groups on 2
     # cuda ranks. Such shapes are now dropped before simulation; the plan found must check and place.
-    from hal.topology import Topology
-    from strategies.models import ModelConfig
-    from strategies.plan import Plan
-    from strategies.planner.convert import to_plan
-    from strategies.planner.cost import ModelFacts
-    from strategies.planner.facts import emulated_chip_facts
-    from strategies.planner.plan_search import search
+    from hal.core.topology import Topology
+    from hal.strategies.models import ModelConfig
+    from hal.strategies.plan import Plan
+    from hal.strategies.planner.convert import to_plan
+    from hal.strategies.planner.cost import ModelFacts
+    from hal.strategies.planner.facts import emulated_chip_facts
+    from hal.strategies.planner.plan_search import search
     cfg = ModelConfig(**{**ModelConfig.from_toml(Path(__file__).resolve().parent.parent / "examples/models/tiny.toml").model_dump(),
                          "vocab": 256, "seq": 32})
     topo = Topology.from_chips(["cuda", "cuda", "kunlun", "ascend"])
@@ -154,7 +154,7 @@ def test_emulated_2_1_1_at_batch_64_returns_a_placeable_plan():
 def _shape_problems(shape, batch: int) -> list[str]:
     """What makes a generated shape not a layout of its cluster: more TP groups of a kind than the
     kind has, a stage whose rows are not the micro-batch, a replica with no rows or no experts."""
-    from strategies.planner.plan_search import Shape
+    from hal.strategies.planner.plan_search import Shape
     assert isinstance(shape, Shape)
     out, used, sizes = [], {}, {}
     bm = batch // shape.m
@@ -175,8 +175,8 @@ def _shape_problems(shape, batch: int) -> list[str]:
 
 
 def _tiny_emulated(chips):
-    from hal.topology import Topology
-    from strategies.planner.facts import emulated_chip_facts
+    from hal.core.topology import Topology
+    from hal.strategies.planner.facts import emulated_chip_facts
     topo = Topology.from_chips(chips)
     return emulated_chip_facts(topo, 3e5, 2e9, 5e-4, "bfloat16")
 
@@ -184,7 +184,7 @@ def _tiny_emulated(chips):
 def test_share_covers_the_rows_exactly():
     # `_share`'s bisection bound used to fall short in floating point (3 x t / t = 2.999...): a
     # negative excess, "replicas with one row less" < 0, shapes with extra replicas (OverAllocated)
-    from strategies.planner.plan_search import _runs, _share
+    from hal.strategies.planner.plan_search import _runs, _share
     times = [0.1, 0.3, 1e-3 / 3, 7.77e-5, 2.0 / 3, 0.35550000000000004]
     checked = 0
     for total in range(1, 97):
@@ -211,7 +211,7 @@ def test_generators_yield_only_placeable_shapes_on_small_mixed_clusters(batch):
     # cuda 1-3 x kunlun 0-2 x ascend 0-2 (timed-emulated figures, as hal train's plan auto uses),
     # the tiny GPT (tp 1 and 2: tp 4 needs 4 ranks of a kind on a node): every shape of every family, and of every
     # part planned alone, must be placeable (no OverAllocated) and cover its micro-batch
-    from strategies.planner.plan_search import (batch_shares, even_candidates, mixed_candidates,
+    from hal.strategies.planner.plan_search import (batch_shares, even_candidates, mixed_candidates,
                                                 split_candidates)
     cfg = ModelConfig(**{**ModelConfig.from_toml(Path(__file__).resolve().parent.parent / "examples/models/tiny.toml").model_dump(),
                          "vocab": 256, "seq": 32})

@@ -128,7 +128,7 @@ def test_native_bind_selects_device_by_local_rank(worker):
     assert r["contexts"] == [2], r["first_context"]
     assert "SoC version 223" in r["capabilities_source"]  # read on the selected NPU
     assert r["device"] == "npu:2" and r["emulated"] is False and r["runtime"] == "NpuRuntime"
-    assert r["profile"] == hal.catalog.get("ascend", "910B3").model  # picked by 'Ascend910B3'
+    assert r["profile"] == hal.core.catalog.get("ascend", "910B3").model  # picked by 'Ascend910B3'
     assert r["memory"] == (60 * 2**30, 64 * 2**30) and r["stream"] == "torch_npu.npu"
     assert r["probe"]["native"] and r["probe"]["device_count"] == 4 and r["probe"]["visible_devices"] == "4,5,6,7"
     k = r["kernels"]

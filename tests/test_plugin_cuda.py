@@ -28,7 +28,7 @@ from hal_cuda import kernels
 from .stand_ins import _stand_in_nccl as fake_nccl
 from .stand_ins._stand_in_cuda import CudaState, patch_torch_cuda
 
-_acc_module = importlib.import_module("hal.selection")
+_acc_module = importlib.import_module("hal.core.selection")
 HAS_GPU = torch.cuda.is_available()
 
 
@@ -92,7 +92,7 @@ def test_native_bind_device_by_local_rank(pm, fake_nvidia, monkeypatch):
     assert ("set_device", 1) in fake_nvidia.calls  # LOCAL_RANK 3 % 2 devices
     assert acc.device == torch.device("cuda", 1) and not acc.emulated
     assert isinstance(acc.runtime, hal_cuda.CudaRuntime) and acc.runtime.module is torch.cuda
-    assert acc.profile.model == hal.catalog.get("cuda", "H100").model  # picked by device name
+    assert acc.profile.model == hal.core.catalog.get("cuda", "H100").model  # picked by device name
     assert acc.get_memory_info() == (3 * 2**30, 80 * 2**30)
     assert acc.Stream is torch.cuda.Stream and acc.Event is torch.cuda.Event
     assert acc.kernels["scaled_dot_product_attention"].plugin == "cuda"
@@ -172,7 +172,7 @@ def test_nccl_timeout_reaches_the_bridge_as_a_catchable_error(pm, fake_nvidia, m
     bridge's wait returned at once on an unfinished NCCL work."""
     import time
 
-    from ccl_bridge.ccl import Ccl, StageFailure
+    from hal.ccl_bridge.ccl import Ccl, StageFailure
     acc = hal.bind("cuda", emulated=False, pm=pm)
     store, t = dist.HashStore(), timedelta(seconds=0.5)
     pgs = [acc.new_process_group(store, r, 2, t, global_ranks=[0, 1], group_name="g") for r in (0, 1)]
@@ -312,7 +312,7 @@ def test_bridge_ccl_moves_int16_bytes_over_nccl_from_strided_views(pm, fake_nvid
     strided views (a byte view needs unit stride: the bytes go through a copy)."""
     import threading
 
-    from ccl_bridge.ccl import Ccl
+    from hal.ccl_bridge.ccl import Ccl
     acc = hal.bind("cuda", emulated=False, pm=pm)
     store, t = dist.HashStore(), timedelta(seconds=20)
     pgs = [acc.new_process_group(store, r, 2, t, global_ranks=[0, 1], group_name="bits") for r in (0, 1)]

@@ -31,7 +31,7 @@ from . import stand_ins
 from .stand_ins import _stand_in_nccl as fake_nccl
 from .stand_ins._stand_in_cuda import CudaState, patch_torch_cuda
 
-_acc_module = importlib.import_module("hal.selection")
+_acc_module = importlib.import_module("hal.core.selection")
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def test_native_bind_records_what_it_found(pm, devices, xmlir, monkeypatch):
     assert isinstance(acc.runtime, hal_kunlun.KunlunRuntime) and acc.runtime.module is torch.cuda
     # The name comes from torch_xmlir (torch.cuda's shim says 'GPU'), and picks the P800 profile.
     assert ("get_device_name", 0) in xmlir.CALLS
-    assert acc.profile.model == hal.catalog.get("kunlun", "P800").model
+    assert acc.profile.model == hal.core.catalog.get("kunlun", "P800").model
     notes = acc.profile.notes
     assert "detected natively" in notes and "'P800', 'P800'" in notes and "'XPU_VISIBLE_DEVICES': '4,5'" in notes
     assert hal_kunlun.LAST_PROBE["device_names"] == ["P800", "P800"]
@@ -133,7 +133,7 @@ def test_p800_reporting_kl3_gets_the_p800_profile(pm, devices, xmlir):
     """A P800 that names itself 'KL3' (its generation's name in KunlunXin's software) is a P800
     (failed before: an unknown model with every figure unknown)."""
     xmlir.NAMES[:] = ["KL3", "KL3"]
-    assert hal.bind("kunlun", emulated=False, pm=pm).profile.model == hal.catalog.get("kunlun", "P800").model
+    assert hal.bind("kunlun", emulated=False, pm=pm).profile.model == hal.core.catalog.get("kunlun", "P800").model
 
 
 def test_process_group_through_the_registered_creator(pm, devices, xmlir):

@@ -13,9 +13,9 @@ from importlib import metadata
 import pytest
 
 import hal
-from hal import plugin_manager as pm_module
-from hal.contract import CONTRACT_VERSION, compatible, parse_version
-from hal.errors import (ContractVersionError, DuplicateChipError, PluginHookError, PluginValidationError,
+from hal.core import plugin_manager as pm_module
+from hal.contract.version import CONTRACT_VERSION, compatible, parse_version
+from hal.contract.errors import (ContractVersionError, DuplicateChipError, PluginHookError, PluginValidationError,
                         ProfileValidationError)
 
 _DROP = object()
@@ -356,7 +356,7 @@ def restore_binding():
     hal.reset()
     if prev is not None:
         import importlib
-        importlib.import_module("hal.selection")._BOUND = prev
+        importlib.import_module("hal.core.selection")._BOUND = prev
         hal.ops.bind(prev.kernels)
 
 

@@ -17,10 +17,11 @@ import pytest
 import torch
 
 import hal
-from hal import runtime
-from hal.runtime import CpuEvent, CpuRuntime, CpuStream, EmulatedRuntime, TorchDeviceRuntime
+from hal.contract import runtime
+from hal.contract.runtime import TorchDeviceRuntime
+from hal.emulation.runtime import CpuEvent, CpuRuntime, CpuStream, EmulatedRuntime
 
-_acc_module = importlib.import_module("hal.selection")
+_acc_module = importlib.import_module("hal.core.selection")
 MiB = 1 << 20
 
 

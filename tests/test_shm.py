@@ -1,4 +1,4 @@
-"""The shared-memory fabric (hal.shm) against gloo: correctness matrix, faults, /dev/shm, selection.
+"""The shared-memory fabric (hal.emulation.shm) against gloo: correctness matrix, faults, /dev/shm, selection.
 
 One module-scoped WorkerPool per rank count (2, 3, 4). On every rank the `shm` group and a gloo
 group run the same call on the same inputs; integers, bool, MAX/MIN and every data-moving
@@ -27,7 +27,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hal.capabilities import DTYPES, TORCH_REDUCE_OPS, torch_dtype
+from hal.contract.capabilities import DTYPES, TORCH_REDUCE_OPS, torch_dtype
 from hal.testing import WorkerPool
 
 DT = {n: torch_dtype(n) for n in DTYPES if not n.startswith("float8")}  # hal's name table, float8 aside
@@ -55,7 +55,7 @@ def _store(prefix: str):
 
 def _groups(timeout_s: float = 60.0):
     if "shm" not in G:
-        from hal.shm import create_shm_process_group
+        from hal.emulation.shm import create_shm_process_group
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         G["shm"] = create_shm_process_group(_store("matrix_shm"), rank, world, timedelta(seconds=timeout_s),
                                             slot_bytes=SLOT_BYTES, p2p_slot_bytes=P2P_SLOT_BYTES)
@@ -178,7 +178,7 @@ def _reducing_case(shm, gloo, coll: str, dname: str, op: str, numel: int, with_g
         return out
 
     if op == "avg" and dname not in FLOATS:
-        from hal.shm import ShmUnsupportedError
+        from hal.emulation.shm import ShmUnsupportedError
         try:
             run(shm)
         except ShmUnsupportedError:
@@ -341,7 +341,7 @@ def kill_peer(victim: int) -> dict:
         second = None
     except Exception as exc:
         second = exc
-    from hal.errors import CollectivePeerError
+    from hal.contract.errors import CollectivePeerError
     return {"type": type(first).__name__, "peer": getattr(first, "peer", None), "op": getattr(first, "op", None),
             "seq": getattr(first, "seq", None), "msg": str(first), "seconds": took,
             "second": type(second).__name__, "second_msg": str(second),
@@ -351,7 +351,7 @@ def kill_peer(victim: int) -> dict:
 def stalled_peer(timeout_s: float) -> dict:
     """Rank 1 does not call the collective: rank 0 raises a timeout naming it; rank 1's later call
     finds the group aborted. A fresh group with a short timeout (the matrix group stays usable)."""
-    from hal.shm import create_shm_process_group
+    from hal.emulation.shm import create_shm_process_group
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     G["stalls"] = G.get("stalls", 0) + 1  # same count on every rank: a fresh store prefix per call
     pg = create_shm_process_group(_store(f"stall{G['stalls']}"), rank, world, timedelta(seconds=timeout_s))
@@ -371,7 +371,7 @@ def stalled_peer(timeout_s: float) -> dict:
 
 def unmatched_recv(timeout_s: float) -> dict:
     """Rank 0 waits for a message rank 1 never sends: a typed timeout naming recv, peer and tag."""
-    from hal.shm import create_shm_process_group
+    from hal.emulation.shm import create_shm_process_group
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     pg = create_shm_process_group(_store("unmatched"), rank, world, timedelta(seconds=timeout_s))
     out = {"type": None}
@@ -388,7 +388,7 @@ def unmatched_recv(timeout_s: float) -> dict:
 
 def mismatched_calls() -> dict:
     """Ranks disagree on the element count: every rank raises ShmMismatchError before moving data."""
-    from hal.shm import create_shm_process_group
+    from hal.emulation.shm import create_shm_process_group
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     pg = create_shm_process_group(_store("mismatch"), rank, world, timedelta(seconds=20))
     try:
@@ -402,8 +402,8 @@ def mismatched_calls() -> dict:
 
 def selection(mode: str, fake_other_host_rank: int) -> dict:
     """create_cpu_process_group under HAL_CPU_CCL=mode; one rank may pretend to be on another host."""
-    import hal.shm.host as host
-    from hal.emulation import create_cpu_process_group
+    import hal.emulation.shm.host as host
+    from hal.emulation.emulate import create_cpu_process_group
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     real = host.host_identity
     if rank == fake_other_host_rank:
@@ -427,7 +427,7 @@ def selection(mode: str, fake_other_host_rank: int) -> dict:
 
 def torch_api_and_ddp() -> dict:
     """dist.init_process_group("shm") and torch's own callers: dist.* collectives, new_group, DDP."""
-    import hal.shm  # noqa: F401  (registers the backend name)
+    import hal.emulation.shm  # noqa: F401  (registers the backend name)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("shm", store=_store("init"), rank=rank, world_size=world,
                             timeout=timedelta(seconds=30))
@@ -583,7 +583,7 @@ def test_killed_peer_raises_and_leaves_nothing(pool):
         assert o["peer"] == 1 and o["op"] == "all_reduce" and o["seq"] is not None, o
         assert "rank 1 (pid" in o["msg"] and "died" in o["msg"]
         assert o["second"] in ("ShmPeerDiedError", "ShmAbortedError"), o
-        assert o["peer_error"] == [True, True], o    # hal.errors.CollectivePeerError, as the bridge's
+        assert o["peer_error"] == [True, True], o    # hal.contract.errors.CollectivePeerError, as the bridge's
     assert _ours(sorted(os.listdir("/dev/shm")), pids) == []
 
 
@@ -591,8 +591,8 @@ def test_reduce_kernel_rounding_matches_torch():
     """The C++ kernel alone (no processes): float16/bfloat16 accumulate in float32 and round once
     to nearest even, i.e. exactly torch's `(a.float() + b.float()).to(dtype)`, subnormals included;
     MAX propagates NaN as torch.maximum does."""
-    from hal.shm import _shm
-    from hal.shm.process_group import DTYPE_CODES, REDOP_CODES
+    from hal.emulation.shm import _shm
+    from hal.emulation.shm.process_group import DTYPE_CODES, REDOP_CODES
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.float16, torch.bfloat16):
         a = (torch.randn(10007, generator=g) * 2.0 ** torch.randint(-30, 12, (10007,), generator=g)).to(dtype)

@@ -1,8 +1,8 @@
-"""Slow-node and slow-link detection (trainer/slow_node.py, trainer/link_watch.py): the detectors name a
+"""Slow-node and slow-link detection (hal/trainer/slow_node.py, hal/trainer/link_watch.py): the detectors name a
 rank whose compute (or link issue time) is above its expected time (its peers') by more than the
 threshold and no one when all are alike; HAL_TRAIN_THROTTLE and HAL_TRAIN_LINK_DELAY are parsed
 strictly; the re-plan gives a slow replica fewer rows; and on an emulated 2 cuda + 2 ascend cluster
-with TIMED emulation (every chip EMULATED on CPU; hal.timed charges each op at the chip's speed) the
+with TIMED emulation (every chip EMULATED on CPU; hal.emulation.timed charges each op at the chip's speed) the
 checks of `hal train` name the throttled rank (a cuda rank slowed x4) as a slow NODE and not as a slow
 link, the link-delayed rank (an ascend rank whose every collective submission sleeps 0.1 s) as a slow
 LINK across the bridge and not as a slow node, and nothing on a healthy run. Outside torchrun the
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from hal.testing import WorkerPool
-from trainer.link_watch import LinkDelaySpecError, parse_link_delay
-from trainer.replan import restarts_left
-from trainer.slow_node import (SlowLinkDetector, SlowNodeDetector, ThrottleSpecError, name_link, parse_throttle,
+from hal.trainer.link_watch import LinkDelaySpecError, parse_link_delay
+from hal.trainer.replan import restarts_left
+from hal.trainer.slow_node import (SlowLinkDetector, SlowNodeDetector, ThrottleSpecError, name_link, parse_throttle,
                                replan)
 
 from . import _slow_node_cases
@@ -85,9 +85,9 @@ def test_link_delay_spec_is_strict_and_restarts_left_reads_torchrun():
 
 
 def test_replan_weights_the_slow_replica_down():
-    from hal.topology import Topology
-    from strategies.models import ModelConfig
-    from strategies.plan import Plan
+    from hal.core.topology import Topology
+    from hal.strategies.models import ModelConfig
+    from hal.strategies.plan import Plan
     topo = Topology.from_env({"HAL_EMULATE": EMULATE})
     mc = ModelConfig(name="t", layers=2, hidden=32, heads=4, ffn=64, vocab=256, seq=32)
     plan = Plan.even(topo, mc, 16, 2)

@@ -1,4 +1,4 @@
-"""Mid-run re-plan on a slow node (trainer/replan.py), end to end through `hal train --max-restarts 1`: on
+"""Mid-run re-plan on a slow node (hal/trainer/replan.py), end to end through `hal train --max-restarts 1`: on
 a TIMED-emulated 2 cuda + 2 ascend cluster (every chip EMULATED on this CPU) with cuda rank 1's chip
 throttled x4 (HAL_TRAIN_THROTTLE, test only) and `slow_node.replan = true`, the slow-node check confirms
 rank 1 after `window` steps; every rank writes a checkpoint and leaves with EXIT_REPLAN, torchrun restarts

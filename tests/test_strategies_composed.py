@@ -15,7 +15,7 @@ of one mean; that changes a step by a few fp32 ulps. Measured after 3 steps with
 must move >= 1e-5 and >= 10 x its difference (the least-moving, attention wq/wk, move ~7e-5), so a
 lost, doubled or unsummed share of a gradient (>= 1/8 of it with these row splits) fails.
 The MoE reference runs the plan's micro-batches with gradient accumulation (capacity and aux loss are
-per forward, see strategies/moe.py); the dense reference is one forward of the whole global batch.
+per forward, see hal/strategies/moe.py); the dense reference is one forward of the whole global batch.
 """
 import pytest
 
@@ -128,8 +128,8 @@ def test_torch_schedules_composed(pool, case):
 def test_even_and_speed_weighted_plans_agree(pool, stage_ranks):
     # the naive even plan and a speed-weighted one (cuda 2x ascend, kunlun 1.5x) of the same model and
     # global batch: layers and rows move between chips, the trained parameters do not
-    from hal.topology import Topology
-    from strategies.plan import Plan
+    from hal.core.topology import Topology
+    from hal.strategies.plan import Plan
     cfg, _ = cases.build("tiny")
     topo = Topology.from_chips(["cuda"] * 3 + ["kunlun"] * 2 + ["ascend"])
     kw = dict(num_microbatches=2, stage_ranks=stage_ranks, check=False)
@@ -162,8 +162,8 @@ def test_ep_on_torch_interleaved_schedule(pool):
 def test_example_plan_file_trains_like_one_process(pool):
     # docs/strategies.md's 3+1 example as a user loads it (ranks 0-3 of the pool: rank 3 is an emulated
     # kunlun here, not the ascend of the drawing; the maths does not depend on the chip kind)
-    from strategies.models import ModelConfig
-    from strategies.plan import Plan
+    from hal.strategies.models import ModelConfig
+    from hal.strategies.plan import Plan
     cfg, _ = cases.build("tiny")
     assert ModelConfig.from_toml("examples/models/tiny.toml") == cfg  # the same model the file is for
     pj = Plan.load("examples/plans/tiny-pp-3+1.toml").to_json()

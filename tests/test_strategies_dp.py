@@ -19,8 +19,8 @@ uneven plan, so the comparison has teeth.
 import pytest
 
 from hal.testing import WorkerPool
-from hal.topology import Topology
-from strategies.plan import Plan
+from hal.core.topology import Topology
+from hal.strategies.plan import Plan
 
 from . import _strategy_dp_cases as cases
 
@@ -118,7 +118,7 @@ def test_even_and_weighted_plans_give_the_same_parameters(pool):
 def test_replica_microbatches_takes_the_plan_rows_of_every_microbatch():
     import torch
 
-    from strategies.data_parallel import accumulate, replica_microbatches
+    from hal.strategies.data_parallel import accumulate, replica_microbatches
     batch = torch.arange(16).view(16, 1)
     parts = replica_microbatches(batch, 2, (3, 6))
     assert [p.view(-1).tolist() for p in parts] == [[3, 4, 5], [11, 12, 13]]

@@ -1,4 +1,4 @@
-"""Expert parallel (strategies.moe, strategies.expert_parallel) matches a single-process run.
+"""Expert parallel (hal.strategies.moe, hal.strategies.expert_parallel) matches a single-process run.
 
 One 6-rank WorkerPool (module-scoped, emulated): cuda:3 (ranks 0-2), kunlun:2 (3-4), ascend:1 (5).
 Its `hetero` subgroups are the required mixed layouts: 2+2 [0, 1, 3, 4], 3+1 [0, 1, 2, 5],
@@ -128,7 +128,7 @@ def _brute_force(moe, x):
 def test_moe_layer_semantics(top_k, cf):
     import torch
 
-    from strategies.moe import MoE
+    from hal.strategies.moe import MoE
     torch.manual_seed(0)
     moe = MoE(8, 12, 4, top_k=top_k, capacity_factor=cf)
     x = torch.randn(3, 10, 8)
@@ -144,8 +144,8 @@ def test_moe_layer_semantics(top_k, cf):
 def test_placement_is_validated():
     import torch
 
-    from strategies.expert_parallel import apply_ep, weighted_placement
-    from strategies.moe import MoE, MoEError, check_placement
+    from hal.strategies.expert_parallel import apply_ep, weighted_placement
+    from hal.strategies.moe import MoE, MoEError, check_placement
     assert weighted_placement(8, [2, 2, 1, 1]) == [[0, 1, 2], [3, 4, 5], [6], [7]]
     with pytest.raises(MoEError, match="3 entries for an EP group of 4"):
         check_placement([[0], [1], [2, 3]], 4, 4)
@@ -155,7 +155,7 @@ def test_placement_is_validated():
         check_placement([[0, 1], [2]], 4, 2)
     with pytest.raises(MoEError, match="EP rank 1 hosts expert 9, outside 0..3"):
         check_placement([[0, 1], [2, 3, 9]], 4, 2)
-    with pytest.raises(MoEError, match="has no strategies.moe.MoE layer"):
+    with pytest.raises(MoEError, match="has no hal.strategies.moe.MoE layer"):
         apply_ep(torch.nn.Linear(2, 2), None)
     with pytest.raises(MoEError, match=r"experts \[2, 3\] are missing"):
         MoE(8, 12, 4, local_experts=[0, 1]).set_group(None, [[0, 1, 2, 3]])
@@ -166,7 +166,7 @@ def test_placement_is_validated():
 def test_injected_aux_loss_gives_the_same_gradients():
     import torch
 
-    from strategies.expert_parallel import aux_loss, inject_aux_loss
+    from hal.strategies.expert_parallel import aux_loss, inject_aux_loss
     grads = []
     for inject in (False, True):
         model = cases.build(1.0)

@@ -8,7 +8,7 @@ drop) trains 3 SGD steps with one stage of DP = 4 replicas (uneven rows 3, 3, 1,
 2 micro-batches):
   - EP = 2: EP groups {0, 1} (cuda) and {2, 3} (kunlun), each hosting experts [0, 1] | [2, 3]; the
     expert-DP groups {0, 2} and {1, 3} cross chips and SUM the copies' gradients (reduce_expert_grads);
-    routing statistics (capacity, drop order, aux f_e) over the whole DP group (strategies/moe.py);
+    routing statistics (capacity, drop order, aux f_e) over the whole DP group (hal/strategies/moe.py);
   - EP = 1: every replica holds every expert, the expert-DP group is the DP group (no all_to_all);
   - EP = 2 under FSDP2 (zero 3): experts are left out of FSDP2 and reduced the same way;
   - composed: TP 2 in each of 2 replicas (an expert-DP group per TP index), and 2 pipeline stages of
@@ -53,7 +53,7 @@ def _plan(ep: int, zero: int = 0) -> str:
 
 @pytest.mark.parametrize("ep,zero", [(2, 0), (1, 0), (2, 3)], ids=["ep2-ddp", "ep1-ddp", "ep2-fsdp2"])
 def test_expert_dp_matches_single_process(pool, ep, zero):
-    from strategies.plan import Plan
+    from hal.strategies.plan import Plan
     pj = _plan(ep, zero)
     plan = Plan.from_json(pj)
     assert plan.stages[0].ep_degree == ep and plan.expert_dp_ranks(0, 0, 0) == [0, 1, 2, 3][::ep]
@@ -93,7 +93,7 @@ def test_expert_dp_composed_with_tp_and_pp(pool, case):
 
 
 def test_ep_degree_is_validated_where_the_plan_is_built():
-    from strategies.plan import Plan, PlanError
+    from hal.strategies.plan import Plan, PlanError
     pj = json.loads(_plan(2))
     pj["stages"][0]["ep"] = 3
     with pytest.raises(PlanError, match=r"ep.*3.*does not divide.*4 replicas.*4 % 3 = 1"):

@@ -95,8 +95,8 @@ def test_layout_errors_are_typed(pool):
 
 def test_row_transfers_of_the_documented_3_plus_1_layout():
     # docs/strategies.md's drawing (examples/plans/tiny-pp-3+1.toml), no processes needed
-    from strategies.mesh import Transfer, backward_transfers, forward_transfers, grids_from_plan
-    from strategies.plan import Plan
+    from hal.strategies.mesh import Transfer, backward_transfers, forward_transfers, grids_from_plan
+    from hal.strategies.plan import Plan
     a, b = grids_from_plan(Plan.load("examples/plans/tiny-pp-3+1.toml"))
     assert (a.rows, b.rows) == ([(0, 4), (4, 8)], [(0, 5), (5, 8)])
     assert sorted(forward_transfers(a, b), key=lambda t: (t.dst, t.start)) == [
@@ -108,7 +108,7 @@ def test_row_transfers_of_the_documented_3_plus_1_layout():
 def test_tp_peer_rule_between_stages_of_different_tp_degree():
     # stage a: one TP=2 replica; stage b: two TP=1 replicas. Forward: each b rank hears from TP index 0
     # of a; backward: both TP ranks of a get the full gradient (t mod 1 = 0 of each b replica)
-    from strategies.mesh import StageGrid, Transfer, backward_transfers, forward_transfers
+    from hal.strategies.mesh import StageGrid, Transfer, backward_transfers, forward_transfers
     a = StageGrid(0, (0, 2), [[0, 1]], [(0, 4)])
     b = StageGrid(1, (2, 4), [[2], [3]], [(0, 3), (3, 4)])
     assert forward_transfers(a, b) == [Transfer(0, 2, 0, 3), Transfer(0, 3, 3, 4)]
@@ -117,7 +117,7 @@ def test_tp_peer_rule_between_stages_of_different_tp_degree():
 
 
 def test_one_f_one_b_order():
-    from strategies.pipeline_parallel import one_f_one_b
+    from hal.strategies.pipeline_parallel import one_f_one_b
     # last stage alternates from the start; the first of 3 stages warms up with 2 forwards
     assert one_f_one_b(2, 3, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
     assert one_f_one_b(0, 3, 3) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]

@@ -1,11 +1,11 @@
-"""Tensor parallel (strategies.tensor_parallel.apply_tp: torch's parallelize_module / DTensor) inside a
+"""Tensor parallel (hal.strategies.tensor_parallel.apply_tp: torch's parallelize_module / DTensor) inside a
 sub-cluster matches a single-process run, and is refused across chip kinds.
 
 One 6-rank WorkerPool (module-scoped, emulated): cuda:3 (ranks 0-2), kunlun:2 (3-4), ascend:1 (5), the
 `hetero` world. In one call every sub-cluster trains its own TP group at once: TP 3 on the cuda ranks
 [0, 1, 2], TP 2 on the kunlun ranks [3, 4], TP 1 on the ascend rank [5] (the mixed layout a plan gives:
 a different TP degree per chip kind), each on the whole global batch of the tiny GPT
-(strategies.models, 6 heads: 2 per rank at TP 3, 3 at TP 2), with and without sequence-parallel norms,
+(hal.strategies.models, 6 heads: 2 per rank at TP 3, 3 at TP 2), with and without sequence-parallel norms,
 dense and MoE. Parameters after 3 SGD steps, gathered from their DTensor shards, are compared with a
 single-process run computed on the rank.
 
@@ -111,9 +111,9 @@ ranks_per_node = 2
 
 
 def test_tp_ranks_checked_against_the_topology():
-    from hal.cluster import parse_cluster_spec
-    from hal.topology import Topology
-    from strategies.tensor_parallel import TensorParallelError, check_tp_ranks
+    from hal.core.cluster import parse_cluster_spec
+    from hal.core.topology import Topology
+    from hal.strategies.tensor_parallel import TensorParallelError, check_tp_ranks
     topo = Topology.from_spec(parse_cluster_spec(SPEC, known_chips=None))
     check_tp_ranks([0, 1], topo)
     check_tp_ranks([4, 5], topo)
@@ -125,8 +125,8 @@ def test_tp_ranks_checked_against_the_topology():
 
 
 def test_sizes_must_divide():
-    from strategies.models import ModelConfig, build_gpt
-    from strategies.tensor_parallel import TensorParallelError, _check_divides
+    from hal.strategies.models import ModelConfig, build_gpt
+    from hal.strategies.tensor_parallel import TensorParallelError, _check_divides
     model = build_gpt(ModelConfig(name="t", layers=1, hidden=48, heads=6, ffn=100, vocab=16, seq=8))
     _check_divides(model, 2)
     with pytest.raises(TensorParallelError, match="blocks.0.attn: 6 attention heads .* do not divide by the TP degree 4"):

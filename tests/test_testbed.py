@@ -14,7 +14,7 @@ bridge, tc tbf shaping, iptables loss, TCP, torchrun's multi-node rendezvous.
 """
 import pytest
 
-from testbed import BedSpec, LinkShape, TestbedUnavailable, parse_rate
+from hal.testbed import BedSpec, LinkShape, TestbedUnavailable, parse_rate
 
 from ._testbed_fixture import make_bed_fixture, run_cases, wait_phase
 
@@ -24,7 +24,7 @@ RATE = "400 Mb/s"
 CHIPS = ["cuda", "cuda", "ascend", "ascend"]
 WALL = 150.0          # seconds a whole job may take (start-up of 4 ranks on a loaded 2-core machine)
 TIMEOUT, GRACE, SLACK = 4.0, 2.0, 4.0
-TYPED = ("BridgeTimeoutError", "BridgePeerError", "BridgeCollectiveError")   # ccl_bridge.errors
+TYPED = ("BridgeTimeoutError", "BridgePeerError", "BridgeCollectiveError")   # hal.ccl_bridge.errors
 
 bed = make_bed_fixture(lambda: BedSpec.of([2, 2], rate=RATE, chips=CHIPS))
 
@@ -65,7 +65,7 @@ def test_each_host_is_a_host_and_auto_picks_shm_inside_gloo_across(bed, healthy)
     assert [ids[r]["node_rank"] for r in range(4)] == [0, 0, 1, 1], ids
     assert [ids[r]["chip"] for r in range(4)] == CHIPS and all(i["emulated"] for i in ids.values())
     assert [ids[r]["hostname"] for r in range(4)] == [bed.hostname(0)] * 2 + [bed.hostname(1)] * 2
-    # what hal.shm.host compares: one kernel (same boot id), but /dev/shm and pid namespace per host
+    # what hal.emulation.shm.host compares: one kernel (same boot id), but /dev/shm and pid namespace per host
     assert len({i["boot_id"] for i in ids.values()}) == 1
     for a, b in ((0, 1), (2, 3)):
         assert (ids[a]["shm_dev"], ids[a]["pid_ns"]) == (ids[b]["shm_dev"], ids[b]["pid_ns"])
@@ -123,7 +123,7 @@ def _check_fault(per_rank, ranks, case=0, allow_ok=True):
         if v["outcome"] == "ok" and allow_ok:
             continue
         assert v["outcome"] == "error", f"rank {r}: {v}"   # never "wrong"
-        # typed: a bridge error, or the error of the inner CCL it came from (e.g. hal.shm's
+        # typed: a bridge error, or the error of the inner CCL it came from (e.g. hal.emulation.shm's
         # ShmPeerDiedError when the peer on the same host gave up first), naming the op
         assert v["type"] in TYPED or "HalError" in v["mro"], f"rank {r}: untyped error {v}"
         assert v["op"] and v["op"] in v["error"], f"rank {r}: the error does not name its op: {v}"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hal.cluster import load_cluster_spec
-from testbed import BedSpec, LinkShape, Testbed, TestbedSpecError, TestbedUnavailable, check_available, parse_rate
-from testbed.rank_nic import nic_for_local_rank
+from hal.core.cluster import load_cluster_spec
+from hal.testbed import BedSpec, LinkShape, Testbed, TestbedSpecError, TestbedUnavailable, check_available, parse_rate
+from hal.testbed.rank_nic import nic_for_local_rank
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,7 +123,7 @@ def test_a_bed_whose_owner_is_killed_is_removed(sig):
     hosts (own session) survive it, and `sweep_stale` (called by every bed fixture) removes them."""
     import select
     import signal
-    from testbed import list_beds, sweep_stale
+    from hal.testbed import list_beds, sweep_stale
     try:
         check_available()
     except TestbedUnavailable as exc:

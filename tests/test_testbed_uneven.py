@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from hal.cluster import parse_cluster_spec
-from testbed import BedSpec
+from hal.core.cluster import parse_cluster_spec
+from hal.testbed import BedSpec
 
 from ._testbed_fixture import make_bed_fixture, run_cases
 

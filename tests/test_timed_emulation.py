@@ -1,4 +1,4 @@
-"""Timed emulation (hal.timed): what an op is charged, the two chips' ratio, backward charged, sync and
+"""Timed emulation (hal.emulation.timed): what an op is charged, the two chips' ratio, backward charged, sync and
 overrun on an injected fake clock (nothing here sleeps or reads wall time), env errors, binding, and
 one 2-rank run where collectives pass through the clock."""
 from __future__ import annotations
@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import hal
-from hal import catalog, timed
-from hal.timed import Speeds, TimedEmulationError, VirtualClock, chip_speeds, op_cost
+from hal.core import catalog
+from hal.emulation import timed
+from hal.emulation.timed import Speeds, TimedEmulationError, VirtualClock, chip_speeds, op_cost
 
 # compute-bound speeds for charge tests: the bytes term is negligible
 COMPUTE = Speeds(flops_per_s=1e9, bytes_per_s=1e18, source="test: compute-bound")
@@ -153,7 +154,7 @@ def test_unknown_figures_are_named_not_invented():
 
 
 def test_a_measured_efficiency_matrix_replaces_the_catalog():
-    from hal.efficiency import BandwidthFigure, EfficiencyMatrix, MatmulFigure
+    from hal.core.efficiency import BandwidthFigure, EfficiencyMatrix, MatmulFigure
     m = EfficiencyMatrix(chip="cuda", plugin="p", profile_model="H100", emulated=False, device="cuda:0",
                          ccl="nccl", torch_version="x", host="h", measured_at="t",
                          matmul=[MatmulFigure(dtype="bfloat16", m=8, n=8, k=8, flops_per_s=600e12,
@@ -259,7 +260,7 @@ def rebind(monkeypatch):
     hal.reset()
     assert timed.active_clock() is None
     if prev is not None:
-        import hal.selection as sel
+        import hal.core.selection as sel
         sel._BOUND = prev
         hal.ops.bind(prev.kernels)
 
@@ -421,7 +422,7 @@ def test_a_python_process_group_is_a_synchronisation_point_and_its_completion_co
 
 
 def test_a_matrix_file_from_the_environment_sets_the_speeds(tmp_path):
-    from hal.efficiency import EfficiencyMatrix, MatmulFigure
+    from hal.core.efficiency import EfficiencyMatrix, MatmulFigure
     m = EfficiencyMatrix(chip="cuda", plugin="p", profile_model=catalog.default("cuda").model, emulated=False,
                          device="cuda:0", ccl="nccl", torch_version="x", host="h", measured_at="t",
                          matmul=[MatmulFigure(dtype="bfloat16", m=8, n=8, k=8, flops_per_s=500e12,

@@ -1,4 +1,4 @@
-"""hal.topology: the one topology. Rails from a spec, from chips and from the bridge's run-time
+"""hal.core.topology: the one topology. Rails from a spec, from chips and from the bridge's run-time
 identities are the same answer (3+1 included); nodes, chips and link figures with their sources
 (spec, catalog, stated default); subgroups; the environment; typed errors naming the numbers."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ccl_bridge.topology import RankIdentity, build_topology
-from hal.cluster import load_cluster_spec, parse_cluster_spec
-from hal.topology import DEFAULT_INTRA, DEFAULT_NIC, Link, Topology, TopologyError
+from hal.ccl_bridge.topology import RankIdentity, build_topology
+from hal.core.cluster import load_cluster_spec, parse_cluster_spec
+from hal.core.topology import DEFAULT_INTRA, DEFAULT_NIC, Link, Topology, TopologyError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "clusters"
 

@@ -1,4 +1,4 @@
-"""`hal train` (trainer/): config errors name the field and value; the byte corpus is a pure function
+"""`hal train` (hal/trainer/): config errors name the field and value; the byte corpus is a pure function
 of (seed, step) and the plan's rows cover each global batch once; on an emulated 2 cuda + 2 ascend
 cluster (every chip EMULATED on CPU, training collectives over the `hetero` bridge) a short run of
 the tiny GPT on the Python standard library lowers validation loss well below uniform bytes
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from hal.testing import WorkerPool
-from trainer.config import TrainConfig, TrainConfigError
-from trainer.data import Corpus, replica_rows, stdlib_dir, train_batch
+from hal.trainer.config import TrainConfig, TrainConfigError
+from hal.trainer.data import Corpus, replica_rows, stdlib_dir, train_batch
 
 from . import _train_cases
 
@@ -81,9 +81,9 @@ def test_corpus_is_a_pure_function_of_seed_and_step(tmp_path):
 
 
 def test_plan_rows_cover_each_global_batch_once():
-    from hal.topology import Topology
-    from strategies.models import ModelConfig
-    from strategies.plan import Plan
+    from hal.core.topology import Topology
+    from hal.strategies.models import ModelConfig
+    from hal.strategies.plan import Plan
     topo = Topology.from_env({"HAL_EMULATE": "cuda:3,ascend:1"})
     cfg = ModelConfig(name="t", layers=2, hidden=32, heads=4, ffn=64, vocab=256, seq=32)
     plan = Plan.weighted(topo, cfg, 16, {"cuda": 3.0, "ascend": 1.0}, num_microbatches=2)

@@ -1,4 +1,4 @@
-"""`hal train` survives faults (trainer/elastic.py): under torchrun with `--max-restarts`, a rank killed
+"""`hal train` survives faults (hal/trainer/elastic.py): under torchrun with `--max-restarts`, a rank killed
 mid-step or frozen mid-collective - a cuda rank and an ascend rank of an emulated cuda:2 + ascend:2
 cluster, on either side of the bridge - makes the other ranks fail with a typed error, torchrun restarts
 the job, and it resumes from the newest complete checkpoint, losing at most the steps since it; and when
@@ -66,12 +66,12 @@ def _hal_train(config: Path, faults: str, max_restarts: int) -> subprocess.Compl
 
 
 def _error_class(name: str):
-    """A typed error of the bridge (ccl_bridge.errors) or of the emulated chips' CCL it drives (hal.shm:
+    """A typed error of the bridge (hal.ccl_bridge.errors) or of the emulated chips' CCL it drives (hal.emulation.shm:
     a DP group inside one sub-cluster is that CCL itself, the bridge passes it through); None otherwise."""
-    import ccl_bridge.errors
-    import hal.shm.errors
-    from hal.errors import HalError
-    cls = getattr(ccl_bridge.errors, name, None) or getattr(hal.shm.errors, name, None)
+    import hal.ccl_bridge.errors
+    import hal.emulation.shm.errors
+    from hal.contract.errors import HalError
+    cls = getattr(hal.ccl_bridge.errors, name, None) or getattr(hal.emulation.shm.errors, name, None)
     return cls if isinstance(cls, type) and issubclass(cls, HalError) else None
 
 
@@ -114,7 +114,7 @@ def test_kill_and_freeze_on_both_sides_restart_and_resume(tmp_path):
     failures = [r for r in recs if "error_type" in r]
     assert failures and all(_typed(r["error_type"]) for r in failures), failures
     # a frozen peer is found by the bound of the collective: another rank raised a typed timeout
-    # (BridgeTimeoutError, or hal.shm's ShmTimeoutError in a group inside one sub-cluster: whichever
+    # (BridgeTimeoutError, or hal.emulation.shm's ShmTimeoutError in a group inside one sub-cluster: whichever
     # fires first, torchrun may stop the rest before they record)
     for attempt, victim in ((1, 2), (2, 0)):
         timed = [r for r in failures if r["attempt"] == attempt and r["rank"] != victim]
@@ -168,7 +168,7 @@ def test_node_lost_under_torchrun_elastic_replans_smaller_and_continues(tmp_path
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "2",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "hal-elastic-test",
            "--max-restarts", "1", "--rdzv-conf", "last_call_timeout=3,join_timeout=90", "--monitor-interval", "0.5",
-           "-m", "hal.rank_entry", "-m", "trainer.loop", "--config", str(config)]
+           "-m", "hal.launch.rank_entry", "-m", "hal.trainer.loop", "--config", str(config)]
     base = {**os.environ, "PYTHONPATH": str(ROOT), "HAL_BRIDGE_GRACE_S": "1", "OMP_NUM_THREADS": "1"}
     base.pop("HAL_TRAIN_FAULT", None)
     logs = {n: open(tmp_path / f"{n}.log", "w") for n in "AB"}

@@ -1,4 +1,4 @@
-"""`hal train` metrics (trainer/metrics.py, plots.py, parts.py, report.py): work shares and the bubble
+"""`hal train` metrics (hal/trainer/metrics.py, plots.py, parts.py, report.py): work shares and the bubble
 formula, the config a --measure-parts run writes reads back as the same config, a cluster spec is
 split into one-sub-cluster specs the launcher accepts, efficiency from the parts' summaries, the PNG
 plots; and on an emulated 2 cuda + 1 kunlun + 1 ascend cluster (every chip
@@ -6,7 +6,7 @@ EMULATED on CPU, collectives over the `hetero` bridge): the GPT and the MoE mode
 loss well below ln 256, both runs repeat bit-identically (final parameters, loss trace), every step's
 JSONL record carries the per-rank and per-chip figures, and step 1's gradient norm equals the
 single-process model's. The step's split into compute / communication / pipeline bubble is MEASURED
-(hal.timed's timeline attributes the chip's idle time to the p2p op or collective it waited for; a
+(hal.emulation.timed's timeline attributes the chip's idle time to the p2p op or collective it waited for; a
 fake clock checks that), and a short TIMED run shows it: a 2-stage pipeline has a bubble on every
 rank, pure DP has none and spends time in communication."""
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from hal.testing import WorkerPool
-from trainer.config import TrainConfig
-from trainer.metrics import bubble_estimate, read_metrics, split_step, work_shares
+from hal.trainer.config import TrainConfig
+from hal.trainer.metrics import bubble_estimate, read_metrics, split_step, work_shares
 
 from . import _metrics_cases, _split_cases
 
@@ -43,9 +43,9 @@ def _config(run_dir: Path, **extra) -> dict:
 
 
 def test_work_shares_and_bubble():
-    from hal.topology import Topology
-    from strategies.models import ModelConfig
-    from strategies.plan import Plan
+    from hal.core.topology import Topology
+    from hal.strategies.models import ModelConfig
+    from hal.strategies.plan import Plan
     topo = Topology.from_env({"HAL_EMULATE": "cuda:3,ascend:1"})
     mc = ModelConfig(name="t", layers=4, hidden=32, heads=4, ffn=64, vocab=256, seq=32)
     even = Plan.even(topo, mc, 16, 2)
@@ -59,7 +59,7 @@ def test_work_shares_and_bubble():
 
 
 def test_parts_configs_round_trip_through_toml(tmp_path):
-    from trainer.parts import part_configs, to_toml
+    from hal.trainer.parts import part_configs, to_toml
     cfg = TrainConfig(**_config(tmp_path / "run", cluster={"emulate": EMULATE, "timed": True, "time_scale": 3e5},
                                 plan={"source": "auto"}))
     parts = dict(part_configs(cfg))
@@ -99,12 +99,12 @@ colocate = true
 def test_parts_of_a_cluster_spec_are_one_sub_cluster_specs(tmp_path, monkeypatch):
     """--measure-parts on `cluster.spec`: each [[sub_clusters]] entry runs alone from its own spec file
     (model, bandwidth and emulate flag kept, colocate dropped), the whole spec runs Plan.even, and the
-    launcher (commands.train.plan) takes each written config: the part's ranks and chips, no torchrun."""
+    launcher (hal.cli.train.plan) takes each written config: the part's ranks and chips, no torchrun."""
     import argparse
 
-    from commands.train import plan as launch_plan
-    from hal.cluster import load_cluster_spec
-    from trainer.parts import efficiency, measure, part_configs
+    from hal.cli.train import plan as launch_plan
+    from hal.core.cluster import load_cluster_spec
+    from hal.trainer.parts import efficiency, measure, part_configs
     monkeypatch.delenv("HAL_EMULATE", raising=False)  # the config's spec is the cluster
     (tmp_path / "spec.toml").write_text(SPEC)
     cfg = TrainConfig(**_config(tmp_path / "run", cluster={"spec": str(tmp_path / "spec.toml"), "timed": True},
@@ -134,7 +134,7 @@ def test_parts_of_a_cluster_spec_are_one_sub_cluster_specs(tmp_path, monkeypatch
 
 
 def test_efficiency_from_parts_summaries(tmp_path):
-    from trainer.parts import efficiency, report
+    from hal.trainer.parts import efficiency, report
     cfg = TrainConfig(**_config(tmp_path, cluster={"emulate": "cuda:2,ascend:2"}, plan={"source": "auto"}))
     assert efficiency(cfg, 100.0)["efficiency"] is None  # nothing measured yet: said, not invented
     for name, tps in (("cuda-2", 55.0), ("cuda-2-even", 60.0), ("ascend-2", 40.0), ("ascend-2-even", 30.0),
@@ -150,7 +150,7 @@ def test_efficiency_from_parts_summaries(tmp_path):
 
 
 def test_plots_written(tmp_path):
-    from trainer.plots import plot_run
+    from hal.trainer.plots import plot_run
     with open(tmp_path / "metrics.jsonl", "w") as f:
         for s in range(1, 6):
             rec = {"step": s, "loss": 5.0 - s * 0.1, "tokens_per_s": 100.0, "rank_step_s": [0.1, 0.2],
@@ -165,8 +165,8 @@ def test_plots_written(tmp_path):
 
 
 def test_plots_of_a_run_whose_world_shrank(tmp_path):
-    # trainer/elastic.py: a run restarted on 2 of its 4 ranks has records of both world sizes
-    from trainer.plots import plot_run
+    # hal/trainer/elastic.py: a run restarted on 2 of its 4 ranks has records of both world sizes
+    from hal.trainer.plots import plot_run
     with open(tmp_path / "metrics.jsonl", "w") as f:
         for s in range(1, 7):
             n = 4 if s <= 3 else 2
@@ -191,9 +191,9 @@ def _run(pool, config: dict) -> list[dict]:
 
 def _reference_grad_norm(cfg: dict) -> float:
     """Step 1's gradient norm of the single-process model on the same global batch."""
-    from strategies.models import build_model
-    from strategies.models.data import count_tokens, lm_loss_sum
-    from trainer.data import Corpus, train_batch
+    from hal.strategies.models import build_model
+    from hal.strategies.models.data import count_tokens, lm_loss_sum
+    from hal.trainer.data import Corpus, train_batch
     tc = TrainConfig(**cfg)
     mc = tc.load_model_config()
     model = build_model(mc, tc.seed)
@@ -251,11 +251,11 @@ def test_moe_on_2_1_1_lowers_loss_and_repeats_bitwise(pool, tmp_path):
 
 
 def test_clock_attributes_idle_time_to_what_the_chip_waited_for():
-    """hal.timed: a completion that moves the timeline forward counts the chip's idle time by the kind
+    """hal.emulation.timed: a completion that moves the timeline forward counts the chip's idle time by the kind
     of op (a fake clock: nothing sleeps); the Python process group wrappers tag send/recv as p2p."""
     from types import SimpleNamespace
 
-    from hal.timed import Speeds, VirtualClock, timed, watch_process_group_class
+    from hal.emulation.timed import Speeds, VirtualClock, timed, watch_process_group_class
     t = [0.0]
     clock = VirtualClock("x", Speeds(1e9, 1e12, "test"), now=lambda: t[0],
                          sleep=lambda d: t.__setitem__(0, t[0] + d))

@@ -1,4 +1,4 @@
-"""`hal train` checkpoints (trainer/checkpoint.py, DCP) resume and reshard, on emulated chips (every chip
+"""`hal train` checkpoints (hal/trainer/checkpoint.py, DCP) resume and reshard, on emulated chips (every chip
 EMULATED on this CPU; training collectives over the `hetero` bridge).
 
 - Same plan (PP 2 x DP 2 on cuda:2 + ascend:2): stop at step 6 and resume = the uninterrupted run at step
@@ -161,7 +161,7 @@ def test_fewer_ranks_other_cluster_replanned_load_and_continue(uninterrupted, tm
     a_dir, a = uninterrupted
     reference = _offline(a_dir / "checkpoints" / f"step_{ASYNC_STEP:08d}", tmp_path)
     # each "node" knows only its own chip (HAL_EMULATE=<chip> per rank, as a node's own setting would be):
-    # the topology comes from the ranks' chips (trainer.elastic.live_topology), not from one global map
+    # the topology comes from the ranks' chips (hal.trainer.elastic.live_topology), not from one global map
     node = [{"HAL_EMULATE": c, "OMP_NUM_THREADS": "1"} for c in ("cuda", "cuda", "ascend")]
     with WorkerPool(3, env=node) as pool3:
         cfg = _config(tmp_path / "load3", {"source": "auto"}, checkpoint={"dir": str(a_dir / "checkpoints")})

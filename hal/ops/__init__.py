@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 from . import reference
-from .kernel import OP_NAMES, OP_SIGNATURES, OpKernel
+from hal.contract.kernel import OP_NAMES, OP_SIGNATURES, OpKernel
 
 __all__ = ["OP_NAMES", "OP_SIGNATURES", "OpKernel", "reference", "bind", "unbind", "bound_kernels",
            *OP_NAMES]
@@ -20,7 +20,7 @@ _bound: dict[str, OpKernel] = {}
 
 def _binding_stub(op: str) -> Callable:
     def stub(*args, **kwargs):
-        from ..selection import accelerator
+        from hal.core.selection import accelerator
         accelerator()  # binds the table through bind()
         return globals()["_" + op](*args, **kwargs)
     stub.__name__ = f"bind_then_{op}"

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from . import reference
-from .kernel import OP_NAMES
+from hal.contract.kernel import OP_NAMES
 from .tolerances import tolerance
 
 Build = Callable[[torch.device], tuple[tuple, dict]]

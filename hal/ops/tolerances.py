@@ -47,8 +47,8 @@ from typing import Union
 
 import torch
 
-from ..errors import UnknownOpError
-from .kernel import OP_NAMES
+from hal.contract.errors import UnknownOpError
+from hal.contract.kernel import OP_NAMES
 
 # p = significand bits with the implicit leading one; u = 2^-p.
 UNIT_ROUNDOFF: dict[str, float] = {"float64": 2.0 ** -53, "float32": 2.0 ** -24,

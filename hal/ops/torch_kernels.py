@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.optim.adamw import adamw as _torch_adamw
 
-from .kernel import OpKernel
+from hal.contract.kernel import OpKernel
 from . import reference
 
 

@@ -63,8 +63,8 @@ from datetime import timedelta
 from typing import Any, MutableMapping, Optional, Sequence
 
 import hal
-from hal.capabilities import COLLECTIVES, REDUCING
-from hal.contract import check_process_group_args
+from hal.contract.capabilities import COLLECTIVES, REDUCING
+from hal.contract.version import check_process_group_args
 
 HCCL_EXEC_STEP_S = 68
 HCCL_EXEC_MAX_S = 17340  # Atlas training products' maximum (= 255 x 68); A2/A3 allow more

@@ -4,7 +4,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import hal
-from hal.emulation import cpu_ccl, cpu_fabric_capabilities, create_cpu_process_group
+from hal.emulation.emulate import cpu_ccl, cpu_fabric_capabilities, create_cpu_process_group
 from hal.ops.torch_kernels import torch_kernels
 
 from .profile import cpu_profile

@@ -7,7 +7,7 @@
 Two processes try every combination on small tensors; a combination counts as supported only if it
 runs on both ranks *and* gives the right answer (checked against a local computation). Without
 `--plugin` it measures the HAL's CPU fabric: the result is data the HAL ships
-(`hal/data/<backend>_capabilities.json`, read by `hal.emulation.cpu_fabric_capabilities`). With
+(`hal/data/<backend>_capabilities.json`, read by `hal.emulation.emulate.cpu_fabric_capabilities`). With
 `--plugin NAME` (an entry point of group hal.plugins, or a module path) it binds that plugin's chip
 natively in each process (ranks 0 and 1, LOCAL_RANK = rank: two devices) and measures the group its
 `hal_create_process_group` builds, on the chip's tensors: a vendor's evidence for
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hal.capabilities import COLLECTIVES, DTYPES, REDUCE_OPS, REDUCING, TORCH_REDUCE_OPS, torch_dtype
+from hal.contract.capabilities import COLLECTIVES, DTYPES, REDUCE_OPS, REDUCING, TORCH_REDUCE_OPS, torch_dtype
 
 WORLD = 2
 _OPS = TORCH_REDUCE_OPS  # hal's reduce-op name table (premul_sum aside: it needs a factor)
@@ -172,11 +172,11 @@ def _group(rank: int, backend: str, plugin: Optional[str], chip: Optional[str], 
     if plugin is None and backend == "gloo":  # torch's own gloo: the HAL's gloo group refuses what this file omits
         return dist.ProcessGroupGloo(store, rank, WORLD, timeout), torch.device("cpu"), "--backend gloo", "", "cpu"
     if plugin is None:
-        from hal.emulation import create_cpu_process_group
+        from hal.emulation.emulate import create_cpu_process_group
         os.environ["HAL_CPU_CCL"] = backend
         return create_cpu_process_group(store, rank, WORLD, timeout), torch.device("cpu"), f"--backend {backend}", "", "cpu"
     import hal
-    from hal.plugin_manager import PluginManager
+    from hal.core.plugin_manager import PluginManager
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD))
     pm = PluginManager()
     pm.load_entry_points(env={"HAL_PLUGINS": plugin})

@@ -48,7 +48,7 @@ def hal_native_available(chip):
 def hal_chip_profile(chip, model):
     if chip != CHIP.name:
         return None
-    from hal import catalog  # imported at first use so that importing the plugin stays cheap
+    from hal.core import catalog  # imported at first use so that importing the plugin stays cheap
     return catalog.profile_for(chip, model, ("float32", "tf32", "bfloat16", "float16"))
 
 

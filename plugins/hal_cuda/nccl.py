@@ -33,7 +33,7 @@ the error, so before building the group we set TORCH_NCCL_ASYNC_ERROR_HANDLING=2
 watchdog aborts the communicators and leaves the process alive) unless the user chose a value (then
 a warning says what a teardown mode costs), and the bridge waits on NCCL works with
 `work.wait(timeout)` (`WorkNCCL::wait` blocks the calling thread until the work completes or the
-timeout passes, then raises DistBackendError, a RuntimeError), which `ccl_bridge.ccl.Handle` turns
+timeout passes, then raises DistBackendError, a RuntimeError), which `hal.ccl_bridge.ccl.Handle` turns
 into a typed bridge error. A caller outside the bridge that calls `work.wait()` without a timeout
 (torch's default, non-blocking) only orders streams; set TORCH_NCCL_BLOCKING_WAIT=1 to make that wait
 on the host too.
@@ -46,8 +46,8 @@ from datetime import timedelta
 from typing import Any, Optional, Sequence
 
 import hal
-from hal.contract import check_process_group_args as check_group_args
-from hal.capabilities import COLLECTIVES, DTYPES, REDUCING
+from hal.contract.version import check_process_group_args as check_group_args
+from hal.contract.capabilities import COLLECTIVES, DTYPES, REDUCING
 
 FP8 = ("float8_e4m3fn", "float8_e5m2")
 _FLOATS = ("float32", "float16", "bfloat16", "float64")

@@ -52,7 +52,7 @@ def hal_native_available(chip):
 def hal_chip_profile(chip, model):
     if chip != CHIP.name:
         return None
-    from hal import catalog  # imported at first use so that importing the plugin stays cheap
+    from hal.core import catalog  # imported at first use so that importing the plugin stays cheap
     prof = catalog.profile_for(chip, model, ("float32", "bfloat16", "float16", "int8"))
     if model is not None and LAST_PROBE is not None and LAST_PROBE.get("native"):
         found = {k: LAST_PROBE.get(k) for k in ("adapter_version", "device_names", "XPU_VISIBLE_DEVICES",

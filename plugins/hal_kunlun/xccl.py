@@ -41,7 +41,7 @@ from datetime import timedelta
 from typing import Any, Optional, Sequence
 
 import hal
-from hal.contract import check_process_group_args
+from hal.contract.version import check_process_group_args
 from hal_cuda.nccl import ensure_catchable_timeouts, nccl_options
 
 _DTYPES = ("float32", "float16", "bfloat16")

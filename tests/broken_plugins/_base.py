@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 import hal
-from hal.emulation import cpu_fabric_capabilities
-from hal.gloo_group import StridedSafeGloo
+from hal.emulation.emulate import cpu_fabric_capabilities
+from hal.emulation.gloo_group import StridedSafeGloo
 
 
 class GroupProxy:

@@ -2,8 +2,8 @@
 CCL (gloo underneath) refuses: the matrix was copied from another vendor's documentation instead
 of measured."""
 import hal
-from hal.capabilities import REDUCING
-from hal.emulation import cpu_fabric_capabilities
+from hal.contract.capabilities import REDUCING
+from hal.emulation.emulate import cpu_fabric_capabilities
 
 from ._base import install
 

@@ -8,7 +8,7 @@ before the work is done (and `Stream.wait_event`, which calls it, does not wait 
 import time
 
 import hal
-from hal.runtime import CpuEvent, CpuStream
+from hal.emulation.runtime import CpuEvent, CpuStream
 
 from ._base import install
 

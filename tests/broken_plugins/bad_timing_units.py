@@ -4,7 +4,7 @@ The number is finite and >= 0, so a check of the type passes; a profiler or plan
 thinks every kernel is a thousand times faster than it is.
 """
 import hal
-from hal.runtime import CpuEvent
+from hal.emulation.runtime import CpuEvent
 
 from ._base import install
 

@@ -58,16 +58,16 @@ class StandInNativeChip:
 
 def standin_setup(timeout_s: float = 60.0) -> dict:
     """Join `hetero` with the fabric's staging and sync swapped for stand-in native ones."""
-    import ccl_bridge
-    from ccl_bridge import backend
-    from ccl_bridge.staging import DeviceSync, ScratchPool
+    import hal.ccl_bridge
+    from hal.ccl_bridge import backend
+    from hal.ccl_bridge.staging import DeviceSync, ScratchPool
     chip = StandInNativeChip()
     STANDIN["chip"] = chip
     built = backend.build_fabric
 
     def build_fabric(store, rank, size, timeout, topo, config, global_ranks=None, group_id=""):
         fx = built(store, rank, size, timeout, topo, config, global_ranks, group_id)
-        # As build_fabric does for a native chip (ccl_bridge/backend.py): pinned host slots, reserved
+        # As build_fabric does for a native chip (hal/ccl_bridge/backend.py): pinned host slots, reserved
         # now; a DeviceSync on the chip's streams.
         fx.scratch = ScratchPool(pin=chip.pin_memory)
         sc = topo.subclusters[topo.cluster_of[rank]]
@@ -139,7 +139,7 @@ def standin_ddp() -> dict:
 # ---- where a GPU exists -------------------------------------------------------------------------
 def gpu_setup(timeout_s: float = 120.0) -> dict:
     import hal
-    import ccl_bridge  # noqa: F401 - registers "hetero"
+    import hal.ccl_bridge  # noqa: F401 - registers "hetero"
     if not dist.is_initialized():
         dist.init_process_group("hetero", timeout=datetime.timedelta(seconds=timeout_s))
     acc = hal.accelerator()
@@ -193,9 +193,9 @@ def gpu_matrix(sizes: tuple = (1000, 300_000)) -> dict:
 def gpu_ddp() -> dict:
     """DDP parity with the native rank's model on its GPU (the strategy tests' reference, on CPU)."""
     import hal
-    from strategies.data_parallel import wrap_ddp
-    from strategies.models import build_model
-    from strategies.models.data import lm_loss, make_batches, rank_slice
+    from hal.strategies.data_parallel import wrap_ddp
+    from hal.strategies.models import build_model
+    from hal.strategies.models.data import lm_loss, make_batches, rank_slice
     from tests import _strategy_cases as sc
     dev = hal.accelerator().device
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -1,0 +1,155 @@
+"""`hal train --config train.toml`: train one model across a (mixed) cluster as the config says
+(hal.trainer.config). Not under torchrun, it launches itself through torchrun on this machine with one
+rank per rank of the configured cluster (`cluster.emulate`, `cluster.spec`, else HAL_EMULATE /
+HAL_CLUSTER); under torchrun (a real cluster: each node runs torchrun, docs/mixed-cluster.md) it
+runs the loop directly.
+
+examples:
+  hal train --config examples/train/tiny.toml
+  hal train --config examples/train/tiny.toml --steps 100 --run-dir runs/short
+  hal train --config examples/train/tiny.toml --plan auto
+
+Writes <run dir>/metrics.jsonl, summary.json and checkpoints/ (docs/training.md), and the ranks'
+stderr to <run dir>/ranks.log.
+
+Before torchrun starts, the config, the overrides, the chips (cluster.emulate / cluster.spec, else
+HAL_EMULATE / HAL_CLUSTER / HAL_CHIP / HAL_PLUGINS), the data paths, the Plan (even / file) on that
+cluster and the run's folders are checked (hal.launch.check); a problem is one line naming the field,
+flag or variable and its value. If a rank fails, the first failing rank's error is printed once, with
+the path of the ranks' log.
+
+exit codes: 0 trained; 1 a rank failed; 2 bad input (nothing started).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from hal.trainer.args import _OVERRIDES, add_arguments, load  # noqa: F401 - hal/cli/__init__.py calls add_arguments
+
+
+def plan(cfg, args: argparse.Namespace, environ: dict) -> tuple:
+    """(ranks to start, env for the ranks, how the chips were chosen, (chip, emulated) per rank), with
+    the config's chips, the chip environment, its files, its Plan and the run's folders checked
+    before torchrun starts (hal.launch.check: the launching commands' one validation pass). A
+    problem is a LaunchError / TrainConfigError naming the config field, flag or variable and value."""
+    from hal.launch.check import LaunchError, check_int, check_output_dir, plan_ranks
+    from hal.core.topology import Topology
+
+    from hal.trainer.config import TrainConfigError
+    check_int("--max-restarts", getattr(args, "max_restarts", 0), 0, 100)
+    env = dict(environ)
+    emulate = emulate_label = cluster_label = None
+    if cfg.cluster.emulate or cfg.cluster.spec:  # the config names the chips: it wins over HAL_* (a
+        env.pop("HAL_CHIP", None)                 # HAL_CHIP would bind that one chip on every rank)
+    if cfg.cluster.emulate:
+        emulate, emulate_label = cfg.cluster.emulate, f"cluster.emulate = {cfg.cluster.emulate!r} ({args.config})"
+    elif cfg.cluster.spec:
+        env.pop("HAL_EMULATE", None)
+        env["HAL_CLUSTER"] = str(cfg.resolve(cfg.cluster.spec))
+        cluster_label = f"cluster.spec = {cfg.cluster.spec!r} ({args.config})"
+
+    def no_cluster(_):
+        raise LaunchError(f"{args.config}: no cluster to train on: set cluster.emulate (e.g. 'cuda:2,ascend:2') "
+                          f"or cluster.spec in the config, or HAL_EMULATE / HAL_CLUSTER in the environment")
+    nproc, env, source, chips = plan_ranks(
+        None, emulate, env, no_cluster, emulate_label=emulate_label, cluster_label=cluster_label,
+        nproc_hint="give counts (cluster.emulate = 'cuda:2,ascend:2') or a cluster.spec in the config")
+    for p in cfg.data.paths if cfg.data.source == "files" else ():
+        if not cfg.resolve(p).exists():
+            raise TrainConfigError("data.paths", p, f"no such file or folder ({cfg.resolve(p)})")
+    if cfg.plan.source != "auto":  # the Plan the ranks will build, checked on this cluster and model now
+        from hal.trainer.loop import make_plan
+        make_plan(cfg, Topology.from_env(env, world_size=nproc), cfg.load_model_config(), None)
+    else:
+        cfg.load_model_config()
+    check_output_dir("--run-dir" if getattr(args, "run_dir", None) else "log.dir", str(cfg.run_dir))
+    if cfg.checkpoint.enabled:
+        check_output_dir("checkpoint.dir", str(cfg.checkpoint_dir))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return nproc, env, source, chips
+
+
+def run(args: argparse.Namespace) -> int:
+    from hal.contract.errors import HalError
+    from hal.launch.check import fail, run_ranks
+    try:
+        cfg = load(args)
+    except HalError as exc:
+        return fail("hal train", exc)
+    if os.environ.get("TORCHELASTIC_RUN_ID") or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        from hal.trainer.elastic import exit_failed
+        from hal.trainer.loop import train
+        try:
+            train(cfg, log=lambda s: print(s, flush=True))
+        except BaseException as exc:  # exit now; torchrun restarts the job (hal/trainer/elastic.py)
+            exit_failed(exc)
+        return 0
+    try:
+        nproc, env, source, chips = plan(cfg, args, os.environ)
+    except HalError as exc:
+        return fail("hal train", exc)
+    if _finished(cfg):
+        return 0
+    if cfg.cluster.timed:  # timed emulation for the local ranks (hal.emulation.timed)
+        env["HAL_EMULATE_TIMED"] = "1"
+        if cfg.cluster.time_scale:
+            env["HAL_EMULATE_TIME_SCALE"] = repr(cfg.cluster.time_scale)
+    if getattr(args, "measure_parts", False):  # each sub-cluster alone and Plan.even first (hal/trainer/parts.py)
+        from hal.trainer.parts import measure
+        try:
+            code = measure(args, cfg, run)
+        except HalError as exc:
+            return fail("hal train --measure-parts", exc)
+        if code != 0:
+            return code
+    from hal.testing import free_port  # the one free-port helper (hal.testing exports it)
+    # hal.launch.rank_entry runs hal.trainer.loop and reports an uncaught error as one line for run_ranks
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+           "--max-restarts", str(getattr(args, "max_restarts", 0)),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "hal.launch.rank_entry",
+           "-m", "hal.trainer.loop", "--config", os.path.abspath(args.config)]
+    for k in _OVERRIDES:
+        v = getattr(args, k, None)
+        if v is not None:
+            cmd += [f"--{k.replace('_', '-')}", str(os.path.abspath(v) if k == "run_dir" else v)]
+    emulated = all(e for _, e in chips)
+    print(f"hal train: launching {nproc} ranks on this machine through torchrun, chips {source}"
+          + (": every chip EMULATED on this host's CPU" if emulated else ""), flush=True)
+    t0 = time.perf_counter()
+    code = run_ranks("hal train", cmd, env, log=str(cfg.run_dir / "ranks.log"))
+    print(f"hal train: {'done' if code == 0 else f'FAILED (exit code {code})'} in {time.perf_counter() - t0:.0f} s")
+    return code
+
+
+def _finished(cfg) -> bool:
+    """The run folder already holds this run trained to its last step (a complete checkpoint there):
+    resuming would train nothing (and --measure-parts would measure the parts again for no run), so say
+    so, with the finished run's figures, and start nothing."""
+    import json
+
+    from hal.trainer.checkpoint import latest
+    done = latest(cfg.checkpoint_dir) if cfg.checkpoint.enabled else None
+    if done is None or done < cfg.last_step:
+        return False
+    try:
+        s = json.loads((cfg.run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        s = {}
+    pct = (lambda x: "n/a" if x is None else f"{x * 100:.1f}%")
+    figures = (f": final validation loss {s['final_val_loss']:.4f} nats, efficiency {pct(s.get('efficiency'))}, "
+               f"Plan.even {pct(s.get('even_efficiency'))} ({(cfg.run_dir / 'summary.json').resolve()})"
+               if isinstance(s.get("final_val_loss"), (int, float)) else "")
+    print(f"hal train: {cfg.run_dir.resolve()} already holds this run finished at step {done} of {cfg.last_step}{figures}; "
+          f"nothing to train. For a new run pass --run-dir DIR (or remove that folder); to train on, raise "
+          f"--steps.", flush=True)
+    return True
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="hal train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return run(p.parse_args(argv))

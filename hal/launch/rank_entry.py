@@ -1,0 +1,17 @@
+"""A torchrun rank's entry point that reports its own failure for the launcher:
+
+    torchrun ... -m hal.launch.rank_entry -m hal.trainer.loop --config train.toml
+
+runs the target as `__main__` (hal.launch.check.run_target); an uncaught exception is printed as one
+marked line (rank, chip, exception type and message) before its traceback, so the launching command
+prints the first failing rank's error once instead of torchrun's per-rank dump. The target is started
+by name, so `hal` imports nothing above it.
+"""
+from __future__ import annotations
+
+import sys
+
+from hal.launch.check import run_target
+
+if __name__ == "__main__":
+    run_target(sys.argv[1:])

@@ -1,0 +1,280 @@
+"""The cost model: time and memory of one replica's share of a training step, from the model's
+per-layer counts and a sub-cluster's figures (`facts.ChipFacts`).
+
+Conventions (each a stated assumption, printed in docs/planner.md):
+  - bf16 weights and activations, fp32 gradients reduced across DP (as Megatron-LM does by default),
+    mixed-precision AdamW: 16 bytes/param replicated; ZeRO-2 2 + 14/d; ZeRO-3 16/d (REFERENCE.md).
+  - forward FLOPs of a layer = 2 x its matmul parameters per token + 4 s h per token for attention;
+    backward = 2 x forward; full recompute adds one forward.
+  - activations: ModelConfig.activation_bytes(attention="fused") (REFERENCE.md without the s x s
+    score term); full recompute keeps 2 s h per layer (the input).
+  - tensor parallel costs 4 all-reduce-equivalents of b s h bf16 per layer per micro-batch (2 forward,
+    2 backward) on the intra-node link, not overlapped with compute.
+  - collectives use the ring / hierarchical formulas of nccl-tests and the bridge (hal.collectives'
+    busbw factors): all_reduce moves 2(n-1)/n of the buffer per rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from hal.core.efficiency import busbw_factor
+
+from .facts import ChipFacts
+
+BF16 = 2
+GRAD_BYTES = 4          # fp32 gradients on the wire (reduce in fp32)
+ADAM_TRAFFIC = 28       # bytes read+written per parameter by a fused AdamW step (p, g, m, v fp32)
+ELEMENTWISE_PASSES = 2  # activation bytes are written once and read once by the memory-bound ops
+LOSS_COPIES = 4          # logits, log-softmax, and their gradients (s x vocab fp32 each, per row)
+BRIDGE_STAGING = 2 * 64 * 2**20   # the bridge's preallocated host/device staging slots per rank
+
+
+class ModelFacts:
+    """A model config's counts as the cost model asks for them, per sample (one sequence).
+
+    Parameters, FLOPs and activation bytes come from `hal.strategies.models.ModelConfig` (one
+    definition); activations with `attention="fused"`: torch's SDPA on CUDA/NPU keeps no scores."""
+
+    def __init__(self, cfg, dtype_bytes: int = BF16, op_profile=None) -> None:
+        self.cfg = cfg
+        # an op_profile.OpProfile: price compute op by op (a roofline per op) instead of from totals
+        self.op_profile = op_profile
+        # bytes per activation element (2: bf16 training; 4: an fp32 run, e.g. emulated on a CPU)
+        self.dtype_bytes = dtype_bytes
+        self.name, self.layers, self.hidden, self.heads = cfg.name, cfg.layers, cfg.hidden, cfg.heads
+        self.ffn, self.vocab, self.seq = cfg.ffn, cfg.vocab, cfg.seq
+        self.experts = cfg.experts
+        self.top_k = cfg.top_k if cfg.experts else 0
+        self.layer_params = cfg.layer_params()
+        self.expert_params = 3 * cfg.hidden * cfg.ffn          # one SwiGLU expert (w1, w3, w2)
+        self.embed_params = cfg.embed_params()
+        self.total_params = cfg.num_params()
+        self._layer_fwd = float(cfg.layer_forward_flops(cfg.seq))
+        self._head_fwd = cfg.head_flops(cfg.seq) / 3
+        self._act = {}
+
+    @classmethod
+    def from_config(cls, cfg) -> "ModelFacts":
+        return cls(cfg)
+
+    def layer_fwd_flops(self) -> float:
+        return self._layer_fwd
+
+    def head_fwd_flops(self) -> float:
+        return self._head_fwd
+
+    def step_flops_per_sample(self) -> float:
+        """Model FLOPs of one sample's forward and backward (no recompute): the MFU numerator."""
+        return float(self.cfg.train_flops(self.seq))
+
+    def act_bytes(self, tp: int, recompute: bool) -> float:
+        """Activation bytes one layer keeps for backward per sample (fused attention: no scores)."""
+        key = (tp, recompute)
+        if key not in self._act:
+            self._act[key] = self.cfg.activation_bytes(1, tp, "full" if recompute else "none", attention="fused") \
+                * self.dtype_bytes / BF16    # ModelConfig counts 16-bit activations
+        return self._act[key]
+
+    def boundary_bytes(self) -> float:
+        """Bytes of one sample's activation crossing a pipeline boundary (b s h elements)."""
+        return self.dtype_bytes * self.seq * self.hidden
+
+
+@dataclass
+class ReplicaCost:
+    """One replica of one stage: per micro-batch forward/backward seconds and its memory."""
+
+    fwd: float
+    bwd: float
+    tp_comm: float          # inside fwd+bwd, reported separately
+    ep_comm: float          # inside fwd+bwd
+    params_local: float     # parameters this rank holds before sharding
+    memory: float           # peak bytes per rank
+    optimizer: float        # seconds for the optimizer step
+    grad_acc: float = 0.0   # extra seconds of a backward after the first of a step (adds into .grad)
+    # MoE: the expert parameters among params_local (whole on every TP rank; not DDP/FSDP2's: no
+    # ZeRO sharding, reduced only across expert-DP copies)
+    expert_params_local: float = 0.0
+
+
+def allreduce_time(nbytes: float, n: int, bw: float, lat: float = 0.0) -> float:
+    """Ring all-reduce: 2(n-1) steps, each one message (latency `lat`) of nbytes/n; the bytes term is
+    nccl-tests' busbw relation (time = bytes x busbw_factor / bus bandwidth, hal.core.efficiency's one table)."""
+    return 0.0 if n <= 1 else 2 * (n - 1) * lat + busbw_factor("all_reduce", n) * nbytes / bw
+
+
+def gather_time(nbytes: float, n: int, bw: float, lat: float = 0.0) -> float:
+    """all_gather or reduce_scatter of an n-way sharded buffer of nbytes total (ring: n-1 steps)."""
+    return 0.0 if n <= 1 else (n - 1) * lat + busbw_factor("all_gather", n) * nbytes / bw
+
+
+def group_bw(facts: ChipFacts, members: Sequence[int], rank_node) -> float:
+    """Per-rank bandwidth of a collective among `members` of one sub-cluster: the intra-node link
+    when they share a node, the rank's NIC (its rail) otherwise."""
+    nodes = {rank_node(r) for r in members}
+    return facts.intra_bw if len(nodes) == 1 else facts.nic_bw
+
+
+def dp_reduce_time(nbytes: float, parts: Sequence[tuple[ChipFacts, int, float]]) -> float:
+    """Gradient all-reduce of nbytes over a DP group made of `parts` = (facts, members in that
+    sub-cluster, their per-rank bandwidth). One part: a ring. Several: the bridge's rail algorithm
+    (intra reduce-scatter, device->host, rail all-reduce across the k parts, host->device, intra
+    all-gather); the smallest part carries the largest share per rank."""
+    if len(parts) == 1:
+        f, n, bw = parts[0]
+        return allreduce_time(nbytes, n, bw, f.link_latency)
+    k = len(parts)
+    # a rail's bandwidth: hal.core.topology's Topology.rail_bandwidth (ChipFacts.rail_bw, facts.with_rails)
+    rail_bw = min(f.rail_bw or f.nic_bw for f, _, _ in parts)
+    lat = max(f.link_latency for f, _, _ in parts)
+    if not rails_for(tuple(n for _, n, _ in parts)):
+        # leader-only bridge (more parts than its max_parts, hal.core.topology.rail_layout): intra reduce to
+        # one leader, the whole buffer across on the leader rail, intra broadcast
+        intra = max(2 * gather_time(nbytes, n, bw, f.link_latency) for f, n, bw in parts)
+        copies = max(2 * nbytes / f.host_copy_bw for f, _, _ in parts)
+        return intra + copies + allreduce_time(nbytes, k, rail_bw, lat)
+    intra = max(2 * gather_time(nbytes, n, bw, f.link_latency) for f, n, bw in parts)
+    share = max(nbytes / n for _, n, _ in parts)
+    copies = max(2 * share / f.host_copy_bw for f, _, _ in parts)
+    cross = allreduce_time(share, k, rail_bw, lat)
+    return intra + copies + cross
+
+
+_RAILS: dict = {}
+
+
+def rails_for(sizes: tuple[int, ...]) -> bool:
+    """Whether the bridge runs its rails (True) or only the leader rail for a group whose chip groups
+    have `sizes` ranks: hal.core.topology.rail_layout's rule (parts = lcm of the sizes <= max_parts)."""
+    if sizes not in _RAILS:
+        from hal.core.topology import rail_layout
+        keys = [(f"part{i}", False) for i, n in enumerate(sizes) for _ in range(n)]
+        _RAILS[sizes] = rail_layout(keys).rail_mode
+    return _RAILS[sizes]
+
+
+def p2p_time(nbytes: float, src: ChipFacts, dst: ChipFacts, same_node: bool) -> float:
+    """Pipeline send of nbytes; across chips the bridge stages through host memory on both sides."""
+    lat = max(src.link_latency, dst.link_latency)
+    if src is dst or src.name == dst.name:
+        return lat + nbytes / (src.intra_bw if same_node else src.nic_bw)
+    return lat + nbytes / src.host_copy_bw + nbytes / min(src.nic_bw, dst.nic_bw) + nbytes / dst.host_copy_bw
+
+
+_CACHE: dict = {}
+
+
+def replica_cost(m: ModelFacts, *args, **kwargs) -> "ReplicaCost":
+    """`_replica_cost`, memoised: a search asks for the same (model, chip, shape) many times. The
+    returned object is shared; callers copy it before changing it."""
+    key = (id(m), id(args[0])) + tuple(args[1:]) + tuple(sorted(kwargs.items()))
+    hit = _CACHE.get(key)
+    if hit is None:
+        if len(_CACHE) > 200_000:
+            _CACHE.clear()
+        hit = _CACHE[key] = (m, args[0], _replica_cost(m, *args, **kwargs))   # keep m, f alive: ids stay unique
+    return hit[2]
+
+
+def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bool, last: bool, mb: int,
+                 recompute: bool, zero: int, dp: int, in_flight: int, tp_bw: Optional[float] = None,
+                 ep: Optional[tuple[int, float]] = None, experts_local: Optional[int] = None,
+                 group_mb: Optional[int] = None) -> ReplicaCost:
+    """Cost of a replica (TP group of `tp` ranks of chip `f`) running `n_layers` layers for a
+    micro-batch of `mb` samples. `dp` is the size of its DP group (for ZeRO sharding), `in_flight`
+    the micro-batches whose activations it holds at the peak (1F1B: min(m, p - stage)). MoE: `ep` =
+    (EP group size, per-rank all_to_all bandwidth); the replica hosts `experts_local` of the
+    model's experts and, with a balanced router, computes that share of the whole EP group's
+    routed tokens (`group_mb` samples per micro-batch), whatever its own micro-batch."""
+    tp_bw = tp_bw if tp_bw is not None else f.intra_bw
+    moe_fl = 0.0     # FLOPs every rank of the TP group runs in full (not divided by tp)
+    if m.experts:
+        share = (experts_local if experts_local is not None else m.experts) / m.experts
+        routed = (group_mb if group_mb is not None else mb) * share
+        router = m.seq * 2 * m.hidden * m.experts                                      # per sample
+        per_sample_dense = m.layer_fwd_flops() - m.seq * 2 * m.expert_params * m.top_k - router   # attention
+        fl = n_layers * per_sample_dense * mb
+        # apply_plan's TP leaves the MoE layer unsharded (hal/strategies/tensor_parallel.py block_plan:
+        # "blocks[i].moe not sharded: it runs on the full activation, replicated over TP"): every TP
+        # rank all-gathers the sequence, routes it and runs its replica's experts on all the routed
+        # tokens, so the router and expert FLOPs are not divided by tp
+        moe_fl = n_layers * (router * mb + m.seq * 2 * m.expert_params * m.top_k * routed)
+    else:
+        fl = n_layers * m.layer_fwd_flops() * mb
+    # apply_plan's TP (hal/strategies/tensor_parallel.py) shards the blocks only: the embedding, final
+    # norm, head and loss run replicated on every rank of the TP group
+    head = m.head_fwd_flops() * mb if last else 0.0
+    compute_fwd = fl / (f.flops * tp) + (moe_fl + head) / f.flops
+    act = m.act_bytes(tp, False) * mb * n_layers
+    elementwise = ELEMENTWISE_PASSES * act / f.memory_bw
+    tp_comm = 0.0
+    if tp > 1:
+        tp_comm = n_layers * 4 * allreduce_time(m.dtype_bytes * m.seq * m.hidden * mb, tp, tp_bw, f.link_latency)
+    if m.experts and tp > 1:
+        # of those 4 all-reduce-equivalents per layer (sequence parallel: an all-gather and a
+        # reduce-scatter around attention and around the MLP, forward and backward), the unsharded
+        # MoE layer has only its input all-gather forward and its output gradient's all-gather
+        # backward (block_plan's PrepareModuleInputOutput: the output is a local chunk): 3 of 4
+        tp_comm *= 3 / 4
+    ep_comm = 0.0
+    if m.experts and ep is not None and ep[0] > 1:
+        e, bw = ep
+        tokens = m.seq * mb
+        # dispatch + combine forward and the same backward: 4 all_to_all of tokens x top_k x h bf16.
+        # Every rank of the TP group moves all its replica's tokens on its own link (`bw`, per rank):
+        # the EP group is the replicas' ranks of one TP index (apply._apply_ep), each holding the
+        # full all-gathered sequence, so nothing here is divided by tp
+        ep_comm = n_layers * 4 * (e - 1) / e * tokens * m.top_k * m.hidden * m.dtype_bytes / bw
+    fwd = compute_fwd + elementwise + (tp_comm + ep_comm) / 2
+    bwd = 2 * compute_fwd + 2 * elementwise + (tp_comm + ep_comm) / 2
+    if recompute:
+        bwd += compute_fwd + elementwise + (tp_comm + ep_comm) / 2
+    op_opt = grad_acc = None
+    if m.op_profile is not None and not m.experts:     # op by op (op_profile.py); comm as above
+        from .op_profile import stage_seconds
+        pf, pb, op_opt, grad_acc = stage_seconds(m.op_profile, f.flops, f.memory_bw, tp, n_layers, first, last, mb,
+                                                 recompute)
+        fwd, bwd = pf + (tp_comm + ep_comm) / 2, pb + (tp_comm + ep_comm) / 2
+    # memory
+    layer_p, eparams = m.layer_params, 0.0
+    if m.experts:
+        # the MoE layer is replicated over TP (router and this replica's experts in full on every TP
+        # rank), and its experts are left out of DDP and FSDP2 (apply._apply_dp: ddp_ignore_experts,
+        # fully_shard(..., ignored_params=expert_params(block))): whatever the ZeRO level each rank
+        # keeps their weights, gradients and AdamW state whole, and their gradients are reduced only
+        # across expert-DP copies (expert_parallel.reduce_expert_grads), never by DDP/FSDP2
+        router_p = m.hidden * m.experts
+        layer_p = layer_p - m.expert_params * m.experts - router_p     # attention and norms: TP-sharded
+        eparams = n_layers * m.expert_params * (experts_local if experts_local is not None else m.experts)
+        dense = n_layers * (layer_p / tp + router_p)
+    else:
+        dense = n_layers * layer_p / tp
+    dense += (m.embed_params if first else 0) + (m.embed_params if last else 0)
+    params = dense + eparams
+    per_param = {0: 16.0, 1: 4 + 12 / dp, 2: 2 + 14 / dp, 3: 16 / dp}[zero]
+    state = dense * per_param + eparams * 16.0
+    act_keep = m.act_bytes(tp, recompute) * mb * n_layers * in_flight
+    # backward's working set: the gradients of one layer's activations for one micro-batch (about
+    # the size of what the layer saved); under full recompute that layer's activations come back too
+    act_work = m.act_bytes(tp, False) * mb * (2 if recompute else 1)
+    # the loss on the last stage: fp32 logits, their log-softmax, and in backward the gradients of
+    # both (torch's cross_entropy; measured on emulated runs: tests/test_planner_memory.py). It and
+    # the layer working set are not live at once (the loss's backward runs before the layers'), so
+    # the larger of the two counts.
+    loss = (LOSS_COPIES * 4 * m.seq * m.vocab * mb) if last else 0.0
+    zero3_gather = (m.dtype_bytes * layer_p / tp * 2) if zero == 3 else 0.0       # two layers gathered ahead
+    # torch DDP (zero 0, dp > 1; apply_plan's data parallel) keeps its gradient buckets apart from
+    # .grad (gradient_as_bucket_view is off): one more fp32 gradient per parameter it reduces
+    buckets = dense * GRAD_BYTES if zero == 0 and dp > 1 else 0.0
+    memory = state + buckets + act_keep + max(act_work, loss) + zero3_gather + BRIDGE_STAGING
+    shard = dp if zero >= 1 else 1
+    # the optimizer steps this rank's shard of the dense parameters and all of its experts
+    optimizer = (dense / shard + eparams) * ADAM_TRAFFIC / f.memory_bw if op_opt is None else op_opt / shard
+    if grad_acc is None:
+        # assumed free in the analytic model: at scale the accumulation into the fp32 gradient is
+        # fused into the weight-gradient GEMM (Megatron-LM's gradient_accumulation_fusion). The op
+        # profile counts the separate add torch's autograd runs (what timed emulation charges)
+        grad_acc = 0.0
+    return ReplicaCost(fwd=fwd, bwd=bwd, tp_comm=tp_comm, ep_comm=ep_comm, params_local=params,
+                       memory=memory, optimizer=optimizer, grad_acc=grad_acc, expert_params_local=eparams)

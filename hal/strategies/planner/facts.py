@@ -1,0 +1,227 @@
+"""The figures the planner reasons with, per sub-cluster, each with where it came from.
+
+Order of preference for every figure: a measured efficiency matrix (`hal conformance --level perf
+--efficiency FILE`, passed as `--matrix DIR`), then the chip's catalog profile, then a stated
+default. Link figures come from `hal.core.topology` (spec, else catalog, else its stated default: one
+definition), scaled by LINK_EFFICIENCY. Nothing is silent: `ChipFacts.sources` names the
+origin of each number and `hal plan` prints them.
+
+Defaults are assumptions, not facts, and say so in their source string:
+  - achieved dense bf16 matmul throughput = DEFAULT_MFU x catalog peak. 0.45 is in the range
+    large dense transformer runs report for model FLOPs utilisation (Megatron-LM, torchtitan:
+    0.4-0.55 on H100/A100); a measured matrix replaces it.
+  - figures the catalog lists as unknown (for example every Kunlun P800 peak) get the values in
+    ASSUMED below, each with the reason it was chosen.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+# The chip figures the planner shares with timed emulation are defined once, in hal.emulation.timed_cost:
+# DEFAULT_EFFICIENCY (achieved / catalog peak FLOP/s), ASSUMED (figures the catalog lists as unknown)
+# and DEFAULT_MEMORY_BW, so a plan for emulated chips and the emulated chips agree by construction.
+from hal.emulation.timed_cost import ASSUMED, DEFAULT_EFFICIENCY as DEFAULT_MFU, DEFAULT_MEMORY_BW  # noqa: E402
+# Link efficiency: the fraction of a link's rate a large collective achieves (nccl-tests busbw on
+# NVLink/IB is typically 80-90% of the line rate). Applied to spec and catalog rates, never to
+# measured busbw (that is already achieved).
+LINK_EFFICIENCY = 0.85
+
+DEFAULT_MEMORY = (64e9, "default: 64 GB")
+# Host staging for the bridge's cross-chip path: device<->host copies per rank (PCIe Gen4/5 x16,
+# about 25 GB/s achieved each way).
+DEFAULT_HOST_COPY_BW = (25e9, "default: PCIe x16 device<->host 25 GB/s")
+
+
+@dataclass(frozen=True)
+class ChipFacts:
+    """One sub-cluster's figures (per device) as the planner uses them."""
+
+    name: str                 # sub-cluster name
+    chip: str                 # chip name (cuda, ascend, kunlun, cpu)
+    model: str                # chip model, e.g. H100
+    ranks: tuple[int, ...]    # global ranks, in order
+    ranks_per_node: int
+    flops: float              # achieved dense matmul FLOP/s (bf16) per device
+    peak: float               # peak dense FLOP/s (bf16) per device: the MFU denominator
+    memory: float             # bytes per device
+    memory_bw: float          # bytes/s
+    intra_bw: float           # achieved bytes/s per device inside a node (TP, intra CCL)
+    nic_bw: float             # achieved bytes/s per rank across nodes (rails, DP across nodes)
+    host_copy_bw: float       # bytes/s device<->host (bridge staging)
+    sources: dict[str, str] = field(default_factory=dict)
+    # seconds per message on a link (the alpha of alpha-beta costs): 0 for catalog/spec links (large
+    # messages, where bandwidth dominates); measured on the host for timed emulation's CPU fabric
+    link_latency: float = 0.0
+    # per-rank bandwidth of the bridge's rails across sub-clusters: hal.core.topology's
+    # Topology.rail_bandwidth (the slowest NIC among a rail's members) x LINK_EFFICIENCY, set by
+    # `with_rails`; None: this sub-cluster's own NIC (a caller without the topology)
+    rail_bw: Optional[float] = None
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """(figure, value, source) rows for the report."""
+        def g(x: float, unit: str) -> str:
+            for div, p in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
+                if x >= div:
+                    return f"{x / div:.3g} {p}{unit}"
+            return f"{x:.3g} {unit}"
+        return [("achieved bf16 FLOP/s", g(self.flops, "FLOP/s"), self.sources["flops"]),
+                ("memory", g(self.memory, "B"), self.sources["memory"]),
+                ("memory bandwidth", g(self.memory_bw, "B/s"), self.sources["memory_bw"]),
+                ("intra-node link", g(self.intra_bw, "B/s"), self.sources["intra_bw"]),
+                ("NIC per rank", g(self.nic_bw, "B/s"), self.sources["nic_bw"]),
+                ("device<->host copy", g(self.host_copy_bw, "B/s"), self.sources["host_copy_bw"])] + \
+            ([("rail across sub-clusters", g(self.rail_bw, "B/s"), self.sources["rail_bw"])] if self.rail_bw else [])
+
+
+def _catalog_profile(chip: str, model: Optional[str]):
+    from hal.core import catalog
+    try:
+        return catalog.get(chip, model) if model else catalog.default(chip)
+    except Exception:  # an unknown chip (cpu, a vendor's own) has no catalog entry
+        return None
+
+
+def load_matrices(directory: Optional[str | Path]) -> dict[str, Any]:
+    """Efficiency matrices in `directory` (`*.json` written by the perf level, validated by
+    `hal.core.efficiency`), keyed by chip name and by profile model: (matrix, file)."""
+    if directory is None:
+        return {}
+    from hal.core.efficiency import load_efficiency_matrix
+    d = Path(directory)
+    if not d.is_dir():
+        raise FileNotFoundError(f"--matrix {d}: not a directory of efficiency matrices")
+    out: dict[str, Any] = {}
+    for f in sorted(d.glob("*.json")):
+        try:
+            m = load_efficiency_matrix(f)
+        except Exception as exc:   # pydantic's ValidationError or bad JSON: name the file
+            raise ValueError(f"{f}: not an efficiency matrix: {str(exc).splitlines()[0]}") from None
+        out[m.chip] = (m, str(f))
+        out[m.profile_model] = (m, str(f))
+    return out
+
+
+def chip_facts(sc, matrices: Optional[dict[str, dict]] = None, dtype: str = "bfloat16") -> ChipFacts:
+    """Figures for one sub-cluster (`hal.core.topology.SubClusterTopo`)."""
+    name, chip, model = sc.name, sc.chip, sc.model
+    prof = _catalog_profile(chip, model)
+    model_key = model or (prof.model if prof else chip)
+    assumed = {}
+    for key, table in ASSUMED.items():
+        if (model and key.lower() == str(model).lower()) or (prof is not None and key in prof.model):
+            assumed = table
+    src: dict[str, str] = {}
+    m, mfile = (matrices or {}).get(model_key) or (matrices or {}).get(chip) or (None, "")
+
+    # compute
+    flops = None
+    peak = prof.peak(dtype) if prof else None
+    if not peak and "peak_bf16" in assumed:
+        peak = assumed["peak_bf16"][0]
+    if m is not None and m.best_matmul_flops(dtype):
+        flops = m.best_matmul_flops(dtype)
+        src["flops"] = f"measured: {mfile} (best {dtype} matmul" + (", EMULATED host" if m.emulated else "") + ")"
+    if flops is None:
+        if prof is not None and prof.peak(dtype):
+            flops = DEFAULT_MFU * peak
+            src["flops"] = f"default: {DEFAULT_MFU} x catalog {prof.model} {dtype} peak {peak / 1e12:.0f} TFLOP/s"
+        elif "peak_bf16" in assumed:
+            v, why = assumed["peak_bf16"]
+            flops = DEFAULT_MFU * v
+            src["flops"] = f"default: {DEFAULT_MFU} x {v / 1e12:.0f} TFLOP/s ({why})"
+        else:
+            raise ValueError(f"sub-cluster {name!r}: chip {chip} model {model_key!r} has no {dtype} peak in the "
+                             f"catalog and no measured efficiency matrix; pass --matrix DIR with one")
+
+    def pick(fieldname: str, catalog_attr: str, default: tuple[float, str]) -> float:
+        fig = getattr(prof, catalog_attr) if prof is not None else None
+        if fig is not None and fig.value is not None:
+            src[fieldname] = f"catalog {prof.model}"
+            return fig.value
+        if fieldname in assumed:
+            v, why = assumed[fieldname]
+            src[fieldname] = why
+            return v
+        v, why = default
+        src[fieldname] = why
+        return v
+
+    def link(lk) -> float:
+        return lk.bytes_per_s * LINK_EFFICIENCY
+
+    memory = pick("memory", "memory_bytes", DEFAULT_MEMORY)
+    mem_bw = None
+    if m is not None and m.memory_bytes_per_s():
+        mem_bw = m.memory_bytes_per_s()
+        src["memory_bw"] = f"measured: {mfile}"
+    if mem_bw is None:
+        mem_bw = pick("memory_bw", "memory_bandwidth", DEFAULT_MEMORY_BW)
+    intra = link(sc.intra_bandwidth)
+    nic = link(sc.nic_bandwidth)
+    src["intra_bw"] = f"topology: {sc.intra_bandwidth.source} x {LINK_EFFICIENCY} link efficiency"
+    src["nic_bw"] = f"topology: {sc.nic_bandwidth.source} x {LINK_EFFICIENCY} link efficiency"
+    measured_bus = m.busbw("all_reduce", 64 * 2**20) if m is not None else None
+    if measured_bus:
+        intra = measured_bus
+        src["intra_bw"] = f"measured: {mfile} (all_reduce busbw at 64 MiB, {m.ccl})"
+    src["host_copy_bw"] = DEFAULT_HOST_COPY_BW[1]
+    return ChipFacts(name=name, chip=chip, model=str(model_key), ranks=tuple(sc.ranks),
+                     ranks_per_node=len(sc.nodes[0]) if sc.nodes else len(sc.ranks),
+                     flops=flops, peak=peak or flops, memory=memory, memory_bw=mem_bw, intra_bw=intra, nic_bw=nic,
+                     host_copy_bw=DEFAULT_HOST_COPY_BW[0], sources=src)
+
+
+def with_rails(facts: list[ChipFacts], topo) -> list[ChipFacts]:
+    """`facts` with `rail_bw` from the topology's one definition of a rail's bandwidth: the leader
+    rail's (`Topology.rail_bandwidth(0)`, the slowest NIC among one rank of every chip group; every
+    rail of the bridge has one member per chip group, so all rails have this figure) x
+    LINK_EFFICIENCY. A measured rail figure would replace it (none is measured yet)."""
+    import dataclasses
+    if len(topo.sub_clusters) < 2:
+        return list(facts)
+    link = topo.rail_bandwidth(0)
+    src = (f"topology: Topology.rail_bandwidth(rail 0) = slowest NIC of {list(topo.rails[0])} "
+           f"({link.source}) x {LINK_EFFICIENCY} link efficiency")
+    return [dataclasses.replace(f, rail_bw=link.bytes_per_s * LINK_EFFICIENCY,
+                                sources={**f.sources, "rail_bw": src}) for f in facts]
+
+
+def emulated_chip_facts(topo, scale: float, link_bw: float, link_latency: float, dtype: str = "bfloat16",
+                        link_source: str = "measured on this host", matrices: Optional[dict] = None) -> list[ChipFacts]:
+    """Figures of timed-emulated chips (`HAL_EMULATE_TIMED=1`, hal.emulation.timed): compute and memory speed
+    are what the virtual clock charges (`hal.emulation.timed.chip_speeds(chip, dtype, scale)`), not the real
+    chip's; every link is the host's CPU fabric (the real one, not emulated), given as `link_bw`
+    bytes/s and `link_latency` s per message, measured by the caller (e.g. a send/recv probe:
+    benchmarks/planner_prediction.py). The bridge's host staging is a copy on the host: priced on
+    the same link figures. Memory capacity is the catalog's (nothing here is short of memory).
+    `dtype`: the dtype the clock charges FLOPs at (HAL_EMULATE_TIMED_DTYPE, default bfloat16);
+    `matrices` (`load_matrices`): measured efficiency matrices, as HAL_EMULATE_TIMED_MATRIX gives the
+    clock, so both sides use the same figures."""
+    from hal.emulation import timed
+    if scale <= 0:
+        raise ValueError(f"emulated_chip_facts: scale = {scale}; must be > 0")
+    if link_bw <= 0 or link_latency < 0:
+        raise ValueError(f"emulated_chip_facts: link_bw = {link_bw} must be > 0 and link_latency = "
+                         f"{link_latency} >= 0")
+    out = []
+    for sc in topo.sub_clusters:
+        mx = (matrices or {}).get(str(sc.model)) or (matrices or {}).get(sc.chip) or (None, "")
+        flops, bps, why = timed.chip_speeds(sc.chip, dtype, scale, model=sc.model, matrix=mx[0])
+        prof = _catalog_profile(sc.chip, sc.model)
+        mem = prof.memory_bytes.value if prof is not None and prof.memory_bytes.value else DEFAULT_MEMORY[0]
+        link = f"{link_source}: CPU fabric (timed emulation does not emulate links)"
+        src = {"flops": f"timed emulation: {why}", "memory_bw": f"timed emulation: {why}",
+               "memory": f"catalog {prof.model}" if prof is not None and prof.memory_bytes.value else DEFAULT_MEMORY[1],
+               "intra_bw": link, "nic_bw": link, "host_copy_bw": link,
+               "link_latency": f"{link_source}: {link_latency * 1e6:.0f} us per message"}
+        out.append(ChipFacts(name=sc.name, chip=sc.chip, model=str(sc.model or (prof.model if prof else sc.chip)),
+                             ranks=tuple(sc.ranks), ranks_per_node=len(sc.nodes[0]) if sc.nodes else len(sc.ranks),
+                             flops=flops, peak=flops, memory=mem, memory_bw=bps, intra_bw=link_bw, nic_bw=link_bw,
+                             host_copy_bw=float("inf"), sources=src, link_latency=link_latency))
+    return out

@@ -1,0 +1,60 @@
+"""`plan.source = auto`: the planner's layout for the cluster the run has.
+
+On real chips (or emulated chips without timed emulation) the planner prices each sub-cluster with its
+catalog / efficiency-matrix figures (`hal.strategies.planner.facts.chip_facts`). Under timed emulation
+(HAL_EMULATE_TIMED=1) the chips that run are the EMULATED ones: compute and memory at the speeds the
+virtual clock charges (`facts.emulated_chip_facts`, hal.emulation.timed.chip_speeds at this time scale) and every
+link the host's CPU fabric, whose latency and bandwidth are measured at start by a send/recv ping-pong
+between rank 0 and the last rank over the training backend (alpha + bytes/beta, least squares, as
+benchmarks/planner_prediction.py does). Without that the planner would lay the model out for real H100
+NVLink figures while the run's links are this host's shared memory.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch.distributed as dist
+
+PROBE_SIZES = (4 << 10, 64 << 10, 512 << 10)
+PROBE_REPS = 5
+
+
+def timed_on() -> bool:
+    try:
+        from hal.emulation import timed
+    except ImportError:
+        return False
+    return timed.timed_requested()
+
+
+def probe_link(book) -> Optional[tuple[float, float]]:
+    """(latency s, bandwidth B/s) of the training backend between rank 0 and the last rank, on every
+    rank (a collective over the world; `book` is the bookkeeping group for the barriers). None for a
+    single rank."""
+    from hal.strategies.planner.link_probe import fit_link, ping_pong
+    if dist.get_world_size() == 1:
+        return None
+    box = [ping_pong(PROBE_SIZES, PROBE_REPS, book)]
+    dist.broadcast_object_list(box, src=0, group=book)
+    return fit_link(list(PROBE_SIZES), box[0])
+
+
+def auto_plan(cfg, topo, model_cfg, link: Optional[tuple[float, float]]):
+    """The planner's best layout (cost model + simulator); `link` given = timed emulation's figures."""
+    from hal.strategies.planner.convert import to_plan
+    from hal.strategies.planner.cost import ModelFacts
+    from hal.strategies.planner.facts import chip_facts, emulated_chip_facts, load_matrices
+    from hal.strategies.planner.plan_search import search
+    node_of = {r: topo.node_of(r) for r in range(topo.world_size)}
+    if timed_on():
+        from hal.emulation import timed
+        lat, bw = link if link is not None else (0.0, 1e12)
+        facts = emulated_chip_facts(topo, timed.time_scale(), bw, lat, timed.charge_dtype())
+        dtype_bytes = 4  # build_model's tensors are float32 on the host; bytes are charged as run
+        result = search(facts, ModelFacts(model_cfg, dtype_bytes=dtype_bytes), cfg.global_batch, node_of=node_of,
+                        max_pp=cfg.plan.max_pp)
+    else:
+        matrices = load_matrices(None)
+        facts = [chip_facts(sc, matrices) for sc in topo.sub_clusters]
+        result = search(facts, ModelFacts(model_cfg), cfg.global_batch, node_of=node_of, max_pp=cfg.plan.max_pp)
+    return to_plan(result.best.layout, model_cfg.name, "1F1B")

@@ -1,0 +1,205 @@
+"""`TrainConfig`: what `hal train --config train.toml` runs - model, data, optimizer and lr schedule,
+global batch, steps, cluster, plan, checkpoints and logs - read from TOML with pydantic. A bad field
+is a `TrainConfigError` naming its path and value (hal.strategies.errors' style), e.g.
+`train config field optimizer.lr = -1: Input should be greater than 0`.
+
+Relative paths in the file (model config, data files, cluster spec, plan file, run dirs) are taken
+relative to the config file's directory, so an example config runs from anywhere.
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hal.strategies.errors import FieldError, from_validation_error
+
+
+BYTE_VOCAB = 256  # every data source is bytes (hal.trainer.data.VOCAB is this)
+
+
+class TrainConfigError(FieldError):
+    """A train config that is malformed or names something that is not there."""
+
+    kind = "train config field"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSection(_Section):
+    path: str = Field(min_length=1, description="model config TOML (examples/models/*.toml)")
+    overrides: dict[str, Any] = Field(default_factory=dict,
+                                      description="fields replacing the file's (e.g. vocab = 256 for bytes)")
+
+
+class DataSection(_Section):
+    source: Literal["stdlib", "files"] = "stdlib"
+    paths: list[str] = Field(default_factory=list, description="source = files: text files or directories")
+    glob: str = Field(default="*.py", description="files under each directory (and under the stdlib)")
+    max_bytes: int = Field(default=8 << 20, ge=1024, description="corpus cap (bytes read, in path order)")
+    val_fraction: float = Field(default=0.05, gt=0, lt=1, description="share of files held out for validation")
+
+
+class OptimizerSection(_Section):
+    lr: float = Field(default=3e-3, gt=0)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="cosine floor as a fraction of lr")
+    warmup_steps: int = Field(default=20, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    beta1: float = Field(default=0.9, ge=0, lt=1)
+    beta2: float = Field(default=0.95, ge=0, lt=1)
+    eps: float = Field(default=1e-8, gt=0)
+
+
+class ClusterSection(_Section):
+    spec: Optional[str] = Field(default=None, description="cluster spec TOML; None = HAL_EMULATE / HAL_CLUSTER")
+    emulate: Optional[str] = Field(default=None, description="HAL_EMULATE map for a local run, e.g. cuda:2,ascend:2")
+    timed: bool = Field(default=False, description="timed emulation for a local run (HAL_EMULATE_TIMED=1, hal.emulation.timed)")
+    time_scale: Optional[float] = Field(default=None, gt=0, description="HAL_EMULATE_TIME_SCALE; None = hal.emulation.timed's default")
+
+
+class PlanSection(_Section):
+    source: Literal["even", "auto", "file"] = "even"
+    file: Optional[str] = None
+    num_microbatches: int = Field(default=1, ge=1, description="even: micro-batches per step")
+    pp: int = Field(default=1, ge=1, description="even: pipeline stages")
+    tp: int = Field(default=1, ge=1, description="even: tensor-parallel degree")
+    zero: Literal[0, 2, 3] = 0
+    ep: bool = Field(default=False, description="even, MoE: expert parallel over each stage's DP group")
+    max_pp: int = Field(default=4, ge=1, description="auto: deepest pipeline the planner considers")
+
+    @model_validator(mode="after")
+    def _file(self) -> "PlanSection":
+        if self.source == "file" and not self.file:
+            raise TrainConfigError("file", self.file, "plan.source = 'file' needs plan.file")
+        return self
+
+
+class CheckpointSection(_Section):
+    dir: Optional[str] = Field(default=None, description="None: <log.dir>/checkpoints")
+    interval: int = Field(default=0, ge=0, description="steps between checkpoints; 0 = only at the end")
+    resume: bool = Field(default=True, description="resume from the latest checkpoint in dir when there is one")
+    enabled: bool = True
+    async_save: bool = Field(default=True, description="dcp.async_save: write in a background thread (the final one waits)")
+
+
+class LogSection(_Section):
+    dir: str = Field(default="runs/train", description="run directory: metrics.jsonl, summary.json")
+    val_interval: int = Field(default=50, ge=0, description="steps between validation losses; 0 = only at the end")
+    val_batches: int = Field(default=2, ge=1, description="global batches in each validation")
+    print_interval: int = Field(default=10, ge=1)
+
+
+class SlowNodeSection(_Section):
+    threshold: float = Field(default=0.5, gt=0, description="slow = compute > (1 + threshold) x expected (hal.trainer.slow_node)")
+    window: int = Field(default=5, ge=1, description="steps whose median the detector compares")
+    link_threshold: float = Field(default=0.1, gt=0, description="slow link = a rank's link issue time above its "
+                                  "peers' by more than this share of the step (hal.trainer.slow_node)")
+    replan: bool = Field(default=False, description="on a confirmed slow node: checkpoint, write <run dir>/replan.json "
+                         "with its replica weighted down and restart on it (hal train --max-restarts >= 1); "
+                         "without a restart left: write it and log that a re-plan is recommended")
+
+
+class EfficiencySection(_Section):
+    steps: int = Field(default=8, ge=2, description="--measure-parts: steps of each sub-cluster alone and of Plan.even")
+    skip: int = Field(default=2, ge=0, description="first steps left out of the tokens/s medians (start-up)")
+    part: bool = Field(default=False, description="set by --measure-parts on its own runs (no efficiency lines)")
+    part_even: bool = Field(default=True, description="--measure-parts: also measure each sub-cluster with Plan.even; the best counts")
+
+
+class TrainConfig(_Section):
+    seed: int = 0
+    steps: int = Field(ge=1, description="steps of the schedule (cosine decays to its end)")
+    stop_after: Optional[int] = Field(default=None, ge=1,
+                                      description="stop at this step (checkpoint written) without changing the schedule")
+    global_batch: int = Field(ge=1, description="sequences per step over the whole cluster")
+    backend: Literal["hetero", "gloo"] = "hetero"
+    timeout_s: float = Field(default=120.0, gt=0, description="bound of every collective")
+    model: ModelSection
+    data: DataSection = DataSection()
+    optimizer: OptimizerSection = OptimizerSection()
+    cluster: ClusterSection = ClusterSection()
+    plan: PlanSection = PlanSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    log: LogSection = LogSection()
+    slow_node: SlowNodeSection = SlowNodeSection()
+    efficiency: EfficiencySection = EfficiencySection()
+    base_dir: str = Field(default=".", description="set by from_toml: the config file's directory")
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise from_validation_error(exc, data, TrainConfigError) from None
+
+    @model_validator(mode="after")
+    def _cross(self) -> "TrainConfig":
+        if self.stop_after is not None and self.stop_after > self.steps:
+            raise TrainConfigError("stop_after", self.stop_after, f"exceeds steps = {self.steps}")
+        if self.optimizer.warmup_steps >= self.steps:
+            raise TrainConfigError("optimizer.warmup_steps", self.optimizer.warmup_steps,
+                                   f"must be below steps = {self.steps}")
+        if self.data.source == "files" and not self.data.paths:
+            raise TrainConfigError("data.paths", self.data.paths, "data.source = 'files' needs at least one path")
+        return self
+
+    # ---- files -------------------------------------------------------------------------------
+    @classmethod
+    def from_toml(cls, path: Union[str, Path]) -> "TrainConfig":
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise TrainConfigError("(file)", str(path), f"cannot read train config: {exc}") from None
+        data.setdefault("base_dir", str(path.resolve().parent))
+        return cls(**data)
+
+    def resolve(self, p: Optional[str]) -> Optional[Path]:
+        """A path of the config, relative to its file's directory."""
+        if p is None:
+            return None
+        q = Path(p).expanduser()
+        return q if q.is_absolute() else Path(self.base_dir) / q
+
+    @property
+    def run_dir(self) -> Path:
+        return self.resolve(self.log.dir)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.resolve(self.checkpoint.dir) if self.checkpoint.dir else self.run_dir / "checkpoints"
+
+    @property
+    def last_step(self) -> int:
+        return self.stop_after or self.steps
+
+    def load_model_config(self):
+        """The strategies ModelConfig: the file's fields with `model.overrides` on top."""
+        from hal.strategies.errors import ModelConfigError
+        from hal.strategies.models import ModelConfig
+        path = self.resolve(self.model.path)
+        if not path.is_file():
+            raise TrainConfigError("model.path", self.model.path, f"no such file ({path})")
+        base = ModelConfig.from_toml(path)
+        try:
+            cfg = ModelConfig(**{**base.model_dump(), **self.model.overrides})
+        except ModelConfigError as exc:
+            raise TrainConfigError(f"model.overrides.{exc.field}", exc.value, exc.problem) from None
+        if cfg.vocab != BYTE_VOCAB:  # checked here, so `hal train` refuses it before torchrun starts
+            raise TrainConfigError("model.overrides.vocab", cfg.vocab,
+                                   f"byte-level data needs vocab = {BYTE_VOCAB} (set model.overrides.vocab = 256)")
+        return cfg
+
+    def lr_at(self, step: int) -> float:
+        """lr of step `step` (0-based): linear warmup to `lr` over warmup_steps, then cosine to
+        lr x min_lr_ratio at `steps` - a pure function of the step, so resume needs only the step."""
+        o = self.optimizer
+        if step < o.warmup_steps:
+            return o.lr * (step + 1) / o.warmup_steps
+        t = (step - o.warmup_steps) / max(1, self.steps - o.warmup_steps)
+        floor = o.lr * o.min_lr_ratio
+        return floor + (o.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, t)))
