@@ -53,6 +53,9 @@ def test_wheel_without_compiler_installs_and_falls_back_to_gloo(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if n.endswith((".so", ".pyd"))]
     assert "hal/emulation/shm/__init__.py" in names and "hal/data/catalog/cuda.toml" in names and "hal_cpu/__init__.py" in names
+    # one namespace: the wheel installs hal and the hal_* plugins, no generic top-level package
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"hal", "hal_cpu", "hal_cuda", "hal_ascend", "hal_kunlun"}, tops
 
     inst = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
                            "--target", str(target), str(wheel)], env=env, capture_output=True, text=True,
@@ -77,6 +80,31 @@ def test_wheel_without_compiler_installs_and_falls_back_to_gloo(tmp_path):
     assert [r["group"] for r in got["ranks"]] == ["StridedSafeGloo", "StridedSafeGloo"], got["ranks"]
     assert [r["sum"] for r in got["ranks"]] == [3.0, 3.0]
     assert got["chip"] == "cpu"
+    _core_commands_without_train_extra(target, tmp_path, run_env)
+
+
+# rich and matplotlib are the [train] extra: a core install must run hal info and hal conformance
+# without them. This finder makes importing either fail as it would where they are not installed.
+_NO_TRAIN_EXTRA = """
+import sys
+class _Missing:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("rich", "matplotlib"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _Missing())
+import hal.cli
+rc = hal.cli.main(sys.argv[1:])
+assert not [m for m in sys.modules if m.split(".")[0] in ("rich", "matplotlib")]
+sys.exit(rc)
+"""
+
+
+def _core_commands_without_train_extra(target: Path, cwd: Path, env: dict) -> None:
+    for argv in (["info"], ["conformance", "--plugin", "cpu", "--level", "contract,ops", "-k", "matmul"]):
+        run = subprocess.run([sys.executable, "-c", _NO_TRAIN_EXTRA, *argv], cwd=cwd, env=env,
+                             capture_output=True, text=True, timeout=240)
+        assert run.returncode == 0, f"hal {' '.join(argv)}: " + run.stdout[-3000:] + run.stderr[-3000:]
+        assert "Traceback" not in run.stderr, run.stderr[-3000:]
 
 
 
