@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hal.core.cluster import load_cluster_spec, parse_bandwidth, parse_cluster_spec
+from hal.core.topology import Topology
 from hal.contract.errors import ClusterSpecError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "clusters"
@@ -30,7 +31,7 @@ def test_laptop_is_one_node_all_emulated():
            for a in map(spec.assignment, range(4))]
     assert got == [("cuda", True, "cuda", 0, 0, 0), ("cuda", True, "cuda", 1, 0, 1),
                    ("ascend", True, "ascend", 0, 0, 2), ("ascend", True, "ascend", 1, 0, 3)]
-    assert spec.rails() == [[0, 2], [1, 3]]
+    assert Topology.from_spec(spec).rails == [[0, 2], [1, 3]]
 
 
 def test_h800_910b_assignment_boundaries():
@@ -42,7 +43,7 @@ def test_h800_910b_assignment_boundaries():
         ("ascend", "910B2", "ascend-910b", 0, 2, 0)
     assert not a16.emulated
     assert spec.sub_clusters[0].nic_bandwidth == pytest.approx(50e9)   # "400 Gb/s"
-    assert spec.rails()[0] == [0, 16] and len(spec.rails()) == 16
+    assert Topology.from_spec(spec).rails[0] == [0, 16] and len(Topology.from_spec(spec).rails) == 16
 
 
 def test_three_vendor_assignment():
@@ -59,7 +60,7 @@ def test_uneven_rails():
                               .replace('ranks_per_node = 2\n', 'ranks_per_node = 1\n', 1), "u.toml")
     assert [s.world_size for s in spec.sub_clusters] == [1, 3]
     # the bridge's rails (hal.core.topology): the lone rank 0 is home of every part, on every rail
-    assert spec.rails() == [[0, 1], [0, 2], [0, 3]]
+    assert Topology.from_spec(spec).rails == [[0, 1], [0, 2], [0, 3]]
 
 
 def test_rank_outside_world():

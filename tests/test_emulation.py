@@ -7,7 +7,7 @@ import pytest
 
 from hal.emulation import emulate as emulation
 
-from hal.contract import runtime
+from hal.emulation import runtime
 from hal.contract.capabilities import CapabilityMatrix
 from hal.emulation.emulate import (chips_in_map, cpu_fabric_capabilities, dilation_for, emulated_capabilities,
                            emulated_chip_for_rank, emulated_ranks, parse_emulate_map)

@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from hal.core.cluster import parse_cluster_spec
+from hal.core.topology import Topology
 from hal.testbed import BedSpec
 
 from ._testbed_fixture import make_bed_fixture, run_cases
@@ -87,7 +88,7 @@ def test_ranks_follow_the_cluster_spec(bed, job):
     assert [ids[r]["intra_pg"] for r in range(4)] == ["ShmProcessGroup", "ShmProcessGroup", None, None]
     assert [sorted(ids[r]["rails"]) for r in range(4)] == [["0"], ["1"], ["0", "1"], ["0", "1"]]
     rails = ids[0]["topology"]["rails"]
-    assert [rl["members"] for rl in rails] == [[0, 2, 3], [1, 2, 3]] == CLUSTER.rails()
+    assert [rl["members"] for rl in rails] == [[0, 2, 3], [1, 2, 3]] == Topology.from_spec(CLUSTER).rails
 
 
 @pytest.mark.parametrize("i,coll", [(2 + i, c[0]) for i, c in enumerate(MATRIX)])

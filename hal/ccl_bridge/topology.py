@@ -1,6 +1,6 @@
 """Who is where in a `hetero` group: each rank's chip identity (exchanged at group creation), and the
 group's sub-clusters and rails, which come from `hal.core.topology` (the one definition of rails, homes
-and sub-cluster grouping that `hal cluster show`, `ClusterSpec.rails()`, the strategies and the
+and sub-cluster grouping that `hal cluster show`, `Topology.from_spec(spec).rails`, the strategies and the
 planner use too; its module docstring explains parts, homes and rails for uneven sizes).
 
 Ranks with the same chip *and* the same emulated flag share one vendor CCL fabric (an emulated chip's

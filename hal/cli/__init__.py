@@ -31,22 +31,18 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "testbed": ("hal.cli.testbed", "multi-host test bed (root): hosts as namespaces, one shaped NIC per rank: up|run|exec|status|down"),
 }
 
-EPILOG = """environment:
-  HAL_CHIP=NAME                 bind this chip (natively)
-  HAL_EMULATE=cuda:2,ascend:2   emulate chips per global rank (or one name for every rank)
-  HAL_CLUSTER=FILE.toml         take each rank's chip from a cluster spec
-  HAL_PLUGINS=a,b               load exactly these plugins (entry-point names or modules)
-  HAL_DISABLE_PLUGIN_AUTOLOAD=1 load no entry-point plugins
-  HAL_CPU_CCL=auto|shm|gloo     CPU fabric for the cpu chip and emulated chips (auto: shm on one host)
-  HAL_EMULATE_TIMED=1           timed emulation: each emulated chip's ops take its catalog speed's time
-                                (x HAL_EMULATE_TIME_SCALE); communication stays the host's CPU fabric
-
-examples:
+EXAMPLES = """examples:
   hal info --json
   HAL_EMULATE=ascend hal ops-check
   hal train --config examples/train/mixed.toml
   hal COMMAND --help            a subcommand's own options
 """
+
+
+def epilog() -> str:
+    """`hal --help`'s closing text: the environment section generated from hal.envs, then examples."""
+    from hal import envs
+    return envs.help_text() + "\n" + EXAMPLES
 
 
 class MissingSubcommandError(Exception):
@@ -80,7 +76,7 @@ def build_parser(chosen: Optional[str] = None) -> tuple[argparse.ArgumentParser,
     parser = argparse.ArgumentParser(
         prog="hal", description="Heterogeneous-accelerator abstraction layer: one contract for NVIDIA, "
         "Ascend and Kunlun chips (and yours), mixed in one torch.distributed job.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     runners: dict[str, Callable] = {}
     for name, (_, help_text) in SUBCOMMANDS.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from hal.core.topology import Link
+from hal.core.topology import Link, Topology
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from hal.core.cluster import load_cluster_spec
     from hal.core.plugin_manager import get_plugin_manager
     spec = load_cluster_spec(args.file, pm=get_plugin_manager())
-    topo = spec.topology()
+    topo = Topology.from_spec(spec)
     by_name = {s.name: s for s in spec.sub_clusters}
     if args.json:
         from hal.cli import print_json

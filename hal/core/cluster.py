@@ -170,16 +170,6 @@ class ClusterSpec(BaseModel):
                 next_node += s.nodes
         return out
 
-    def topology(self, max_parts: Optional[int] = None):
-        """This cluster's `hal.core.topology.Topology` (sub-clusters, nodes, rails, link figures)."""
-        from hal.core.topology import DEFAULT_MAX_PARTS, Topology
-        return Topology.from_spec(self, DEFAULT_MAX_PARTS if max_parts is None else max_parts)
-
-    def rails(self) -> list[list[int]]:
-        """The bridge's rails over this cluster (global ranks), from `hal.core.topology`: with 3+1 ranks
-        [[0, 3], [1, 3], [2, 3]] (the lone rank is home of every part and sits on every rail)."""
-        return self.topology().rails
-
     def describe(self) -> dict:
         return {"name": self.name, "source": self.source, "world_size": self.world_size,
                 "sub_clusters": [dict(s.model_dump(), ranks=[self.ranks_of(s.name)[0], self.ranks_of(s.name)[-1]])

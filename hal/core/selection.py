@@ -20,11 +20,10 @@ import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 import uuid
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
-from hal import ops as _ops
 from hal.contract.capabilities import CapabilityMatrix
 from hal.contract.chips import ChipProfile, ChipSpec
 from hal.emulation.emulate import (chips_in_map, create_cpu_process_group, emulated_capabilities,
@@ -187,7 +186,8 @@ class Accelerator:
         return dilation_for(self.profile.peak("bfloat16"), peers)
 
     def _select_kernels(self, pm: PluginManager) -> dict[str, OpKernel]:
-        table = {op: OpKernel(op, _ops.reference.KERNELS[op], priority=0, name=f"reference.{op}",
+        from hal.ops.reference import KERNELS as REFERENCE_KERNELS  # a leaf module: kernels only
+        table = {op: OpKernel(op, REFERENCE_KERNELS[op], priority=0, name=f"reference.{op}",
                               plugin="hal") for op in OP_NAMES}
         for k in reversed(pm.op_kernels(self.chip.name, self.emulated)):  # ascending priority
             if k.priority >= table[k.op].priority:
@@ -277,6 +277,19 @@ def _device_name(runtime: DeviceRuntime) -> Optional[str]:
 
 
 _BOUND: Optional[Accelerator] = None
+# Called with the new kernel table at every binding and with None at reset(). hal.ops registers here:
+# it sits above this module (its forwarders bind the accelerator on first use).
+_BIND_LISTENERS: list[Callable[[Optional[Mapping[str, OpKernel]]], None]] = []
+
+
+def on_bind(listener: Callable[[Optional[Mapping[str, OpKernel]]], None]) -> None:
+    """Call `listener(kernels)` whenever this process binds an accelerator, and `listener(None)` at reset()."""
+    _BIND_LISTENERS.append(listener)
+
+
+def _notify(kernels: Optional[Mapping[str, OpKernel]]) -> None:
+    for listener in list(_BIND_LISTENERS):
+        listener(kernels)
 
 
 def accelerator(chip: Optional[str] = None) -> Accelerator:
@@ -290,7 +303,7 @@ def accelerator(chip: Optional[str] = None) -> Accelerator:
         return _BOUND
     pm = get_plugin_manager()
     acc = Accelerator(pm, select_chip(pm, chip))
-    _ops.bind(acc.kernels)
+    _notify(acc.kernels)
     _BOUND = acc
     return acc
 
@@ -301,7 +314,7 @@ def bind(chip: str, emulated: bool = False, model: Optional[str] = None,
     global _BOUND
     pm = pm or get_plugin_manager()
     acc = Accelerator(pm, Selection(chip, emulated, "hal.bind()", model))
-    _ops.bind(acc.kernels)
+    _notify(acc.kernels)
     _BOUND = acc
     return acc
 
@@ -315,6 +328,6 @@ def reset() -> None:
     """Forget the binding and the kernel table (the plugin manager stays)."""
     global _BOUND
     _BOUND = None
-    _ops.unbind()
+    _notify(None)
     if "hal.emulation.timed" in sys.modules:  # stop charging a timed-emulation clock (tests rebind)
         sys.modules["hal.emulation.timed"].uninstall()

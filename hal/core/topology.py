@@ -9,7 +9,7 @@
 
 Every user of "sub-cluster" and "rail" takes them from here: the `hetero` bridge (ccl_bridge builds
 its `RailLayout` with `rail_layout` from the chip identities the ranks exchange at run time),
-`hal cluster show`, `ClusterSpec.rails()`, the strategies and the planner.
+`hal cluster show`, the strategies and the planner. A spec's rails: `Topology.from_spec(spec).rails`.
 
 Sub-clusters and CCL groups. A spec's sub-clusters are what the user wrote (name, chip, model,
 nodes). The bridge groups ranks by (chip, emulated) -- ranks with the same chip kind share one vendor
@@ -45,13 +45,14 @@ the slowest NIC among its members (`rail_bandwidth`).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple, Optional, Sequence
 
+from hal import envs
 from hal.contract.errors import HalError
+from hal.core.cluster import ClusterSpec, load_cluster_spec
 
-DEFAULT_MAX_PARTS = 256
+DEFAULT_MAX_PARTS = envs.HAL_BRIDGE_MAX_PARTS.default
 # Stated defaults for a figure neither the spec nor the catalog gives (e.g. Ascend HCCS, any NIC the
 # catalog marks cluster-dependent). Chosen as common, conservative hardware, not measured.
 DEFAULT_INTRA = 25e9   # bytes/s per direction: a PCIe 4.0 x16 host link (~32 GB/s raw, ~25 GB/s usable)
@@ -277,7 +278,7 @@ class Topology:
 
     # ---- builders ---------------------------------------------------------------------------------
     @classmethod
-    def from_spec(cls, spec, max_parts: int = DEFAULT_MAX_PARTS) -> "Topology":
+    def from_spec(cls, spec: ClusterSpec, max_parts: int = DEFAULT_MAX_PARTS) -> "Topology":
         """From a `hal.core.cluster.ClusterSpec` (torchrun rank order, see hal.core.cluster)."""
         scs = []
         for s in spec.sub_clusters:
@@ -317,14 +318,9 @@ class Topology:
         """The topology the ranks of this launch will have: HAL_EMULATE (with counts), else the
         HAL_CLUSTER spec (the same precedence as `hal.accelerator()`); max_parts from
         HAL_BRIDGE_MAX_PARTS like the bridge."""
-        env = os.environ if env is None else env
         if max_parts is None:
-            text = (env.get("HAL_BRIDGE_MAX_PARTS") or "").strip()
-            try:
-                max_parts = int(text) if text else DEFAULT_MAX_PARTS
-            except ValueError:
-                raise TopologyError(f"HAL_BRIDGE_MAX_PARTS={text!r} is not a number") from None
-        emulate = (env.get("HAL_EMULATE") or "").strip()
+            max_parts = envs.HAL_BRIDGE_MAX_PARTS.get(env, error=TopologyError)
+        emulate = envs.HAL_EMULATE.text(env)
         if emulate:
             from hal.emulation.emulate import emulated_ranks, parse_emulate_map
             chips = emulated_ranks(emulate, world_size)
@@ -333,9 +329,8 @@ class Topology:
                     raise TopologyError(f"HAL_EMULATE={emulate!r} names one chip for every rank; pass world_size")
                 chips = [parse_emulate_map(emulate)[0][0]] * world_size
             return cls.from_chips(chips, emulated=True, max_parts=max_parts)
-        path = (env.get("HAL_CLUSTER") or "").strip()
+        path = envs.HAL_CLUSTER.text(env)
         if path:
-            from hal.core.cluster import load_cluster_spec
             spec = load_cluster_spec(path)
             if world_size is not None and world_size != spec.world_size:
                 raise TopologyError(f"cluster spec {path} has world size {spec.world_size} but world_size "

@@ -22,19 +22,21 @@ when every rank of the group is on one host and gloo otherwise; `shm` or `gloo` 
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
 from datetime import timedelta
-from functools import lru_cache
-from importlib import resources
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch.distributed as dist
 
+from hal import envs
 from hal.contract.capabilities import CapabilityMatrix
 from hal.contract.errors import ChipSelectionError
+from hal.emulation.cpu_fabric import cpu_ccl, cpu_fabric_capabilities
+
+__all__ = ["MAX_EMULATED_RANKS", "parse_emulate_map", "emulated_ranks", "emulated_chip_for_rank", "chips_in_map",
+           "cpu_ccl", "cpu_fabric_capabilities", "emulated_capabilities", "create_cpu_process_group",
+           "dilation_requested", "dilation_for"]
 
 _log = logging.getLogger(__name__)
 MAX_EMULATED_RANKS = 65536  # per item: far above any emulated job, far below a typo's 1e8
@@ -105,38 +107,10 @@ def chips_in_map(text: str) -> list[str]:
     return [chip for chip, _ in parse_emulate_map(text)]
 
 
-@lru_cache(maxsize=None)
-def cpu_fabric_capabilities(backend: str = "gloo", chip: str = "cpu") -> CapabilityMatrix:
-    """What the CPU fabric really supports, as measured by `python -m hal_cpu.measure_capabilities`
-    (the data file records the torch version it was measured with). For `auto`, what both fabrics
-    support, since the group may turn out to be either. `chip` names the matrix: a plugin whose CCL
-    is gloo (`hal new-plugin`'s template with CCL_BACKEND = "gloo") declares
-    `cpu_fabric_capabilities("gloo", chip="acme")`."""
-    if backend == "auto":
-        return cpu_fabric_capabilities("gloo", chip).intersect(
-            cpu_fabric_capabilities("shm", chip), source="auto: measured gloo ∩ measured shm matrices")
-    if backend not in ("gloo", "shm"):
-        raise ValueError(f"cpu_fabric_capabilities: backend {backend!r} is not a CPU fabric; expected "
-                         f"'gloo', 'shm' or 'auto'")
-    name = f"{backend}_capabilities.json"
-    data = json.loads(resources.files("hal").joinpath("data", name).read_text())
-    return CapabilityMatrix(chip=chip, entries=frozenset(tuple(e) for e in data["entries"]),
-                            source=data["source"])
-
-
 def emulated_capabilities(vendor: CapabilityMatrix) -> CapabilityMatrix:
     """An emulated chip can do natively what its vendor CCL declares *and* the CPU fabric does."""
     return vendor.intersect(cpu_fabric_capabilities(cpu_ccl()), chip=vendor.chip,
                             source=f"emulated: {vendor.source} ∩ CPU fabric {cpu_ccl()}")
-
-
-def cpu_ccl() -> str:
-    """The CPU fabric selected by `HAL_CPU_CCL`: auto (default), shm or gloo."""
-    name = os.environ.get("HAL_CPU_CCL", "auto").strip().lower() or "auto"
-    if name not in ("auto", "gloo", "shm"):
-        raise ChipSelectionError(f"HAL_CPU_CCL={name!r}: expected 'gloo' or 'shm' (or 'auto', the default: "
-                                 f"shm when all ranks of a group are on one host, gloo otherwise)")
-    return name
 
 
 def create_cpu_process_group(store: dist.Store, rank: int, world_size: int,
@@ -160,10 +134,9 @@ def create_cpu_process_group(store: dist.Store, rank: int, world_size: int,
     return StridedSafeGloo(store, rank, world_size, timeout)
 
 
-def dilation_requested(env: Optional[dict] = None) -> bool:
-    """Whether HAL_EMULATE_DILATION asks for speed dilation (unset, '', 0, false, no, off: not)."""
-    env = os.environ if env is None else env
-    return (env.get("HAL_EMULATE_DILATION") or "0").strip().lower() not in ("", "0", "false", "no", "off")
+def dilation_requested(env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether HAL_EMULATE_DILATION asks for speed dilation (a bad value raises ChipSelectionError)."""
+    return envs.HAL_EMULATE_DILATION.get(env, error=ChipSelectionError)
 
 
 def dilation_for(chip_peak: Optional[float], peers_peak: list[Optional[float]]) -> float:

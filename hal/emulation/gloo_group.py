@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from hal.contract.capabilities import reduce_op_name
 from hal.contract.errors import NotSupportedError
+from hal.emulation.cpu_fabric import cpu_fabric_capabilities
 
 # ProcessGroupGloo method -> collective name of the capability matrix.
 _COLLECTIVE = {
@@ -61,7 +62,6 @@ def _release_all() -> None:
 
 def _supported() -> set:
     if not _SUPPORTED:
-        from hal.emulation.emulate import cpu_fabric_capabilities
         _SUPPORTED.update(cpu_fabric_capabilities("gloo").entries)
     return _SUPPORTED
 

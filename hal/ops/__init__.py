@@ -1,16 +1,18 @@
 """`hal.ops`: device-agnostic operators that dispatch to the best kernel for the bound chip.
 
 Each function below is a one-line forwarder to a module global (`_linear`, ...) that `bind()`
-sets once from the accelerator's kernel table; before the first bind it points at a stub that binds
-the accelerator and retries. So a call costs one Python call and one global lookup, nothing more:
+sets from the accelerator's kernel table whenever hal.core.selection binds one (this module registers
+with `selection.on_bind`); before that it points at a stub that binds the accelerator and retries. So a call costs one Python call and one global lookup, nothing more:
 no plugin lookup, no dict access (`benchmarks/dispatch.py` measures it).
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
+
+from hal.contract.kernel import OP_NAMES, OP_SIGNATURES, OpKernel
+from hal.core import selection as _selection
 
 from . import reference
-from hal.contract.kernel import OP_NAMES, OP_SIGNATURES, OpKernel
 
 __all__ = ["OP_NAMES", "OP_SIGNATURES", "OpKernel", "reference", "bind", "unbind", "bound_kernels",
            *OP_NAMES]
@@ -20,8 +22,7 @@ _bound: dict[str, OpKernel] = {}
 
 def _binding_stub(op: str) -> Callable:
     def stub(*args, **kwargs):
-        from hal.core.selection import accelerator
-        accelerator()  # binds the table through bind()
+        bind(_selection.accelerator().kernels)
         return globals()["_" + op](*args, **kwargs)
     stub.__name__ = f"bind_then_{op}"
     return stub
@@ -52,7 +53,18 @@ def bound_kernels() -> dict[str, OpKernel]:
     return dict(_bound)
 
 
+def _on_bind(kernels: Optional[Mapping[str, OpKernel]]) -> None:
+    if kernels is None:
+        unbind()
+    else:
+        bind(kernels)
+
+
 unbind()
+_selection.on_bind(_on_bind)
+_acc = _selection.bound()
+if _acc is not None:  # bound before this module was first imported
+    bind(_acc.kernels)
 
 
 def linear(x, weight, bias=None):

@@ -124,7 +124,8 @@ class BedSpec:
         `nic_bandwidth` (spec, else catalog, see hal.core.topology) / `scale`, capped at `max_rate`."""
         if scale <= 0:
             raise TestbedSpecError(f"scale={scale}: must be > 0")
-        topo = cluster.topology()
+        from hal.core.topology import Topology
+        topo = Topology.from_spec(cluster)
         cap = parse_rate(max_rate)
         per_node: dict[int, list[LinkShape]] = {}
         chips: list[str] = []
