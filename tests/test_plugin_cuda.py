@@ -23,7 +23,7 @@ import hal_cpu
 import hal_cuda
 import hal_kunlun
 from hal.ops import golden, reference
-from hal_cuda import kernels
+from hal.ops import torch_kernels as kernels  # the kernels hal_cuda offers (sdk.torch_kernels)
 
 from .stand_ins import _stand_in_nccl as fake_nccl
 from .stand_ins._stand_in_cuda import CudaState, patch_torch_cuda

@@ -46,7 +46,7 @@ def pm():
     if prev is not None:
         _acc_module._BOUND = prev
         hal.ops.bind(prev.kernels)
-    hal_kunlun.LAST_PROBE = None
+    hal_kunlun.PLUGIN.chip.last_probe = None
 
 
 @pytest.fixture
@@ -109,7 +109,7 @@ def test_native_bind_records_what_it_found(pm, devices, xmlir, monkeypatch):
     assert acc.profile.model == hal.core.catalog.get("kunlun", "P800").model
     notes = acc.profile.notes
     assert "detected natively" in notes and "'P800', 'P800'" in notes and "'XPU_VISIBLE_DEVICES': '4,5'" in notes
-    assert hal_kunlun.LAST_PROBE["device_names"] == ["P800", "P800"]
+    assert hal_kunlun.PLUGIN.chip.last_probe["device_names"] == ["P800", "P800"]
     assert acc.kernels["rms_norm"].plugin == "kunlun"
     assert acc.kernels["scaled_dot_product_attention"].priority == 0  # reference until measured
 
@@ -207,6 +207,6 @@ def test_kunlun_kernels_only_when_native(pm):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=str)
 def test_kunlun_kernels_pass_the_golden_on_cpu_tensors(dtype):
-    failures = [r.describe() for k in hal_kunlun.kernels.op_kernels()
+    failures = [r.describe() for k in hal_kunlun.PLUGIN.chip.op_kernels(emulated=False)
                 for r in golden.check_op(k.fn, k.op, dtype, k.name) if not r.ok]
     assert not failures, "\n".join(failures)

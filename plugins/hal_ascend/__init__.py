@@ -10,12 +10,11 @@ the submodules.
 from __future__ import annotations
 
 import sys
-from datetime import timedelta
 from typing import Optional
 
 import torch
 
-import hal
+from hal import sdk
 
 from . import kernels
 from .hccl import apply_hccl_timeouts, create_hccl_process_group, hccl_capabilities, hccl_timeout_env
@@ -23,64 +22,46 @@ from .probe import probe
 from .runtime import NpuRuntime
 
 __version__ = "0.1.0"
-__all__ = ["CHIP", "probe", "NpuRuntime", "hccl_capabilities", "hccl_timeout_env", "apply_hccl_timeouts",
-           "current_soc_version"]
-
-CHIP = hal.ChipSpec(name="ascend", vendor="Huawei", torch_device_type="npu", ccl_backend="hccl",
-                    ccl_name="HCCL", visible_devices_env="ASCEND_RT_VISIBLE_DEVICES",
-                    description="Huawei Ascend NPUs via torch_npu and HCCL")
+__all__ = ["CHIP", "AscendChip", "PLUGIN", "probe", "NpuRuntime", "hccl_capabilities", "hccl_timeout_env",
+           "apply_hccl_timeouts", "current_soc_version"]
 
 
-@hal.hookimpl
-def hal_plugin_info():
-    return hal.PluginInfo(name="ascend", version=__version__, contract_version=hal.CONTRACT_VERSION,
-                          description="Huawei Ascend NPUs: torch_npu runtime, HCCL process groups")
+class AscendChip(sdk.Chip):
+    """Huawei Ascend NPUs: torch_npu's runtime, ProcessGroupHCCL, torch_npu's fused kernels."""
 
+    spec = sdk.ChipSpec(name="ascend", vendor="Huawei", torch_device_type="npu", ccl_backend="hccl",
+                        ccl_name="HCCL", visible_devices_env="ASCEND_RT_VISIBLE_DEVICES",
+                        description="Huawei Ascend NPUs via torch_npu and HCCL")
+    version = __version__
+    description = "Huawei Ascend NPUs: torch_npu runtime, HCCL process groups"
 
-@hal.hookimpl
-def hal_chips():
-    return [CHIP]
+    def probe(self, bind=False):
+        return probe()
 
+    def profile(self, model):
+        return sdk.profile_for(self.name, model, ("float32", "bfloat16", "float16", "int8"))
 
-@hal.hookimpl
-def hal_native_available(chip):
-    if chip != CHIP.name:
-        return None  # not ours (an add-on or a pluggy subset may ask any plugin)
-    return bool(probe()["native"])
+    def device_runtime(self):
+        return NpuRuntime(torch.npu, "npu")
 
+    def create_process_group(self, store, rank, world_size, timeout, global_ranks, group_name):
+        return create_hccl_process_group(store, rank, world_size, timeout, global_ranks, group_name, chip=self.name,
+                                         soc_version=current_soc_version())
 
-@hal.hookimpl
-def hal_chip_profile(chip, model):
-    if chip != CHIP.name:
-        return None
-    from hal.core import catalog  # imported at first use so that importing the plugin stays cheap
-    return catalog.profile_for(chip, model, ("float32", "bfloat16", "float16", "int8"))
+    def collective_capabilities(self):
+        return hccl_capabilities(self.name, current_soc_version())
 
-
-@hal.hookimpl
-def hal_device_runtime(chip):
-    if chip != CHIP.name:
-        return None
-    found = probe()
-    if not found["native"]:
-        raise hal.ChipUnavailableError(f"plugin 'ascend', hook 'hal_device_runtime': chip 'ascend' is not "
-                                       f"natively available: {found['reason']}")
-    return NpuRuntime(torch.npu, "npu")
-
-
-@hal.hookimpl
-def hal_create_process_group(chip, store, rank, world_size, timeout: timedelta, global_ranks, group_name):
-    if chip != CHIP.name:
-        return None
-    return create_hccl_process_group(store, rank, world_size, timeout, global_ranks, group_name, chip=chip,
-                                     soc_version=current_soc_version())
-
-
-@hal.hookimpl
-def hal_collective_capabilities(chip):
-    if chip != CHIP.name:
-        return None
-    return hccl_capabilities(chip, current_soc_version())
+    def op_kernels(self, emulated):
+        if emulated:
+            return None  # the fused kernels need the NPU; emulated chips use hal_cpu's CPU kernels
+        import torch_npu  # bound natively, so it imports (the probe said so)
+        # Called at bind time after the accelerator selected this rank's NPU, so these queries read
+        # that device (not device 0).
+        try:
+            name = torch.npu.get_device_name(torch.npu.current_device())
+        except Exception:
+            name = ""  # unknown product: only the kernels every product has
+        return kernels.op_kernels(torch_npu, name, current_soc_version())
 
 
 def current_soc_version() -> Optional[int]:
@@ -98,15 +79,6 @@ def current_soc_version() -> Optional[int]:
         return None
 
 
-@hal.hookimpl
-def hal_op_kernels(chip, emulated):
-    if chip != "ascend" or emulated:
-        return None  # the fused kernels need the NPU; emulated chips use hal_cpu's CPU kernels
-    import torch_npu  # bound natively, so it imports (the probe said so)
-    # Called at bind time after the accelerator selected this rank's NPU, so these queries read
-    # that device (not device 0).
-    try:
-        name = torch.npu.get_device_name(torch.npu.current_device())
-    except Exception:
-        name = ""  # unknown product: only the kernels every product has
-    return kernels.op_kernels(torch_npu, name, current_soc_version())
+CHIP = AscendChip.spec
+PLUGIN = sdk.plugin(AscendChip)
+globals().update(PLUGIN.hookimpls())  # the entry point names this module: pluggy finds the hooks here

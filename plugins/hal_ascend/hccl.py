@@ -62,9 +62,7 @@ import warnings
 from datetime import timedelta
 from typing import Any, MutableMapping, Optional, Sequence
 
-import hal
-from hal.contract.capabilities import COLLECTIVES, REDUCING
-from hal.contract.version import check_process_group_args
+from hal import sdk
 
 HCCL_EXEC_STEP_S = 68
 HCCL_EXEC_MAX_S = 17340  # Atlas training products' maximum (= 255 x 68); A2/A3 allow more
@@ -108,14 +106,14 @@ def soc_family(soc_version: Optional[int]) -> str:
     return "training"
 
 
-def hccl_capabilities(chip: str = "ascend", soc_version: Optional[int] = None) -> hal.CapabilityMatrix:
+def hccl_capabilities(chip: str = "ascend", soc_version: Optional[int] = None) -> sdk.CapabilityMatrix:
     family = soc_family(soc_version)
     rules = _FAMILIES["A2" if family == "default" else family]
     entries: set[tuple[str, str, str]] = set()
-    for coll in COLLECTIVES:
+    for coll in sdk.COLLECTIVES:
         if coll in _NOT_NATIVE:
             continue
-        if coll not in REDUCING:
+        if coll not in sdk.REDUCING:
             entries.update((coll, d, "-") for d in rules["move"])
             continue
         dtypes = rules["reduce"] + (_CAST_TO_INT32 if coll in ("all_reduce", "reduce") else ())
@@ -126,7 +124,7 @@ def hccl_capabilities(chip: str = "ascend", soc_version: Optional[int] = None) -
             entries.update((coll, d, op) for op in ops)
     soc = "SoC unknown (no device selected): A2 matrix" if soc_version is None else \
         f"SoC version {soc_version} ({family})"
-    return hal.CapabilityMatrix(chip=chip, entries=frozenset(entries), source=f"{SOURCE}; {soc}")
+    return sdk.CapabilityMatrix(chip=chip, entries=frozenset(entries), source=f"{SOURCE}; {soc}")
 
 
 def hccl_timeout_env(timeout: timedelta, soc_version: Optional[int] = None) -> dict[str, str]:
@@ -178,12 +176,12 @@ def create_hccl_process_group(store: Any, rank: int, world_size: int, timeout: t
                               chip: str = "ascend", soc_version: Optional[int] = None) -> Any:
     """torch_npu's ProcessGroupHCCL built as `_new_process_group_hccl_helper` builds it, with the
     group's global ranks and name, HCCL's own timeouts set first."""
-    ranks, name = check_process_group_args(chip, rank, world_size, timeout, global_ranks, group_name)
+    ranks, name = sdk.check_process_group_args(chip, rank, world_size, timeout, global_ranks, group_name)
     try:
         import torch_npu
         pg_class = torch_npu._C._distributed_c10d.ProcessGroupHCCL
     except (ImportError, AttributeError) as exc:
-        raise hal.ChipUnavailableError(f"chip {chip!r}, hook 'hal_create_process_group': torch_npu's "
+        raise sdk.ChipUnavailableError(f"chip {chip!r}, hook 'hal_create_process_group': torch_npu's "
                                        f"ProcessGroupHCCL is unavailable: {type(exc).__name__}: {exc}") from exc
     apply_hccl_timeouts(timeout, soc_version=soc_version)  # before the group: torch_npu reads them then
     options = pg_class.Options()

@@ -28,10 +28,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-import hal
-from hal.ops import reference
-from hal.ops.torch_kernels import adamw_step as torch_adamw_step
-from hal.ops.torch_kernels import torch_kernels
+from hal import sdk
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 # npu_rms_norm (self, gamma) dtype pairs per product family (npu_rms_norm.md).
@@ -64,7 +61,7 @@ def make_rms_norm(npu: Any, family: str) -> Callable:
 
     def rms_norm(x, weight, eps=1e-6):
         if (x.dtype, weight.dtype) not in pairs or not 2 <= x.dim() <= 8 or weight.shape != x.shape[-1:]:
-            return reference.rms_norm(x, weight, eps)
+            return sdk.reference.rms_norm(x, weight, eps)
         y, _rstd = npu.npu_rms_norm(x, weight, epsilon=eps)  # rstd is kept for the backward only
         return y
     return rms_norm
@@ -101,7 +98,7 @@ def make_sdpa(npu: Any) -> Callable:
                   and 1 <= q.size(-1) <= FA_MAX_HEAD_DIM
                   and (attn_mask is None or attn_mask.dtype == torch.bool))
         if not usable:  # float (additive) masks and odd shapes keep the reference
-            return reference.scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale)
+            return sdk.reference.scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale)
         b, h, sq, d = q.shape
         sk = k.size(-2)
         scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -149,7 +146,7 @@ def make_rotary(npu: Any) -> Callable:
                 and x.shape[-1] % 2 == 0 and x.shape[-1] < ROTARY_MAX_HEAD_DIM):
             bn = _rotary_bn(x.shape, cos.shape)
         if bn is None or max(bn) >= ROTARY_MAX_BN:
-            return reference.rotary_embedding(x, cos, sin)
+            return sdk.reference.rotary_embedding(x, cos, sin)
         return npu.npu_rotary_mul(x, cos, sin, rotary_mode="half")
     return rotary_embedding
 
@@ -157,7 +154,7 @@ def make_rotary(npu: Any) -> Callable:
 def make_swiglu(npu: Any) -> Callable:
     def swiglu(x, dim=-1):
         if x.dtype not in _FLOATS or not 1 <= x.dim() <= 8 or x.numel() == 0 or x.size(dim) % 2:
-            return reference.swiglu(x, dim)
+            return sdk.reference.swiglu(x, dim)
         return npu.npu_swiglu(x.contiguous(), dim=dim)  # "does not support non-contiguous tensors"
     return swiglu
 
@@ -176,29 +173,31 @@ ADAMW_FAMILIES = ("A2", "A3")
 _ADAMW_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def make_adamw(family: str, fused: Callable = torch_adamw_step) -> Optional[Callable]:
+def make_adamw(family: str, fused: Optional[Callable] = None) -> Optional[Callable]:
     """torch's fused AdamW, which torch_npu dispatches to op-plugin's `_fused_adamw_`
     (op_plugin/ops/opapi/FusedAdamWKernelNpuOpApi.cpp @517f2e7d: one aclnnApplyAdamWV2 per tensor),
     where that aclnn op exists: Atlas A2/A3 (the ApplyAdamWV2 operator doc lists the A2 training
     series; A3 shares its operator library), var/m/v/grad of one dtype among float16, bfloat16,
     float32 ("输入张量中varRef、mRef、vRef的数据类型一致时，数据类型支持FLOAT16、BFLOAT16、FLOAT32").
-    Elsewhere (910A, Ascend 950, other dtypes, mixed dtypes) None / the HAL reference."""
+    Elsewhere (910A, Ascend 950, other dtypes, mixed dtypes) None / the HAL reference. `fused`
+    defaults to the HAL's torch fused AdamW (`sdk.TORCH_KERNELS["adamw_step"]`)."""
     if family not in ADAMW_FAMILIES:
         return None
+    fused = fused or sdk.TORCH_KERNELS["adamw_step"][0]
 
     def adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay):
         params = list(params)
         tensors = [t for ts in (params, grads, exp_avgs, exp_avg_sqs) for t in ts]
         dtypes = {t.dtype for t in tensors}
         if len(dtypes) != 1 or next(iter(dtypes), None) not in _ADAMW_DTYPES:
-            return reference.adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps,
-                                        weight_decay)
+            return sdk.reference.adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps,
+                                            weight_decay)
         return fused(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay)
     return adamw_step
 
 
 def op_kernels(npu: Any, device_name: str, soc_version: Optional[int] = None,
-               priority: int = 10) -> list[hal.OpKernel]:
+               priority: int = 10) -> list[sdk.OpKernel]:
     """Kernels for the product `device_name` / `soc_version` names; fused ones only where the docs
     list the product."""
     family = family_of(device_name, soc_version)
@@ -212,7 +211,7 @@ def op_kernels(npu: Any, device_name: str, soc_version: Optional[int] = None,
     adamw = make_adamw(family)
     if adamw is not None:
         out.append(("adamw_step", adamw, "torch._fused_adamw_ (aclnnApplyAdamWV2)"))
-    fused = [hal.OpKernel(op, fn, priority=priority, name=label) for op, fn, label in out]
+    fused = [sdk.OpKernel(op, fn, priority=priority, name=label) for op, fn, label in out]
     # The rest: torch's own ops, which torch_npu dispatches to NPU kernels (shared with the other plugins).
-    return fused + torch_kernels(priority, ("layer_norm", "softmax", "gelu", "silu", "cross_entropy", "embedding",
-                                            "linear"))
+    return fused + sdk.torch_kernels(priority, ("layer_norm", "softmax", "gelu", "silu", "cross_entropy",
+                                                "embedding", "linear"))

@@ -12,10 +12,10 @@ from typing import Any, Optional
 
 import torch
 
-import hal
+from hal import sdk
 
 
-class NpuRuntime(hal.TorchDeviceRuntime):
+class NpuRuntime(sdk.TorchDeviceRuntime):
     def __init__(self, module: Any = None, device_type: str = "npu"):
         super().__init__(module if module is not None else torch.npu, device_type)
 

@@ -1,61 +1,47 @@
 """hal_cpu: the reference plugin. The host CPU as a chip: torch CPU kernels, gloo (or shm) as its CCL."""
 from __future__ import annotations
 
-from datetime import timedelta
-
-import hal
-from hal.emulation.emulate import cpu_ccl, cpu_fabric_capabilities, create_cpu_process_group
-from hal.ops.torch_kernels import torch_kernels
+from hal import sdk
 
 from .profile import cpu_profile
 
 __version__ = "0.1.0"
-
-CHIP = hal.ChipSpec(name="cpu", vendor="generic", torch_device_type="cpu", ccl_backend="gloo",
-                    ccl_name="gloo", visible_devices_env=None,
-                    description="host CPU; the reference chip every other plugin is checked against")
+__all__ = ["CHIP", "CpuChip", "PLUGIN", "cpu_profile"]
 
 
-@hal.hookimpl
-def hal_plugin_info():
-    return hal.PluginInfo(name="cpu", version=__version__, contract_version=hal.CONTRACT_VERSION,
-                          description="reference plugin: host CPU, torch CPU kernels, gloo CCL")
+class CpuChip(sdk.Chip):
+    """The host: always present, `CpuRuntime`, the HAL's CPU fabric as its CCL."""
+
+    spec = sdk.ChipSpec(name="cpu", vendor="generic", torch_device_type="cpu", ccl_backend="gloo",
+                        ccl_name="gloo", visible_devices_env=None,
+                        description="host CPU; the reference chip every other plugin is checked against")
+    version = __version__
+    description = "reference plugin: host CPU, torch CPU kernels, gloo CCL"
+
+    def probe(self, bind=False):
+        return {"native": True, "reason": "the host CPU runs every process"}
+
+    def profile(self, model):
+        return cpu_profile(model)
+
+    def device_runtime(self):
+        return sdk.CpuRuntime()
+
+    def create_process_group(self, store, rank, world_size, timeout, global_ranks, group_name):
+        return sdk.create_cpu_process_group(store, rank, world_size, timeout)
+
+    def collective_capabilities(self):
+        return sdk.cpu_fabric_capabilities(sdk.cpu_ccl())
+
+    def op_kernels(self, emulated):
+        return sdk.torch_kernels(priority=1)
+
+    def op_kernels_for(self, chip, emulated):
+        # torch's fused CPU kernels run on CPU tensors, so they serve every emulated chip too (an
+        # emulated chip's tensors live on the host).
+        return sdk.torch_kernels(priority=1) if emulated else None
 
 
-@hal.hookimpl
-def hal_chips():
-    return [CHIP]
-
-
-@hal.hookimpl
-def hal_native_available(chip):
-    return chip == "cpu"
-
-
-@hal.hookimpl
-def hal_chip_profile(chip, model):
-    return cpu_profile(model)
-
-
-@hal.hookimpl
-def hal_device_runtime(chip):
-    return hal.CpuRuntime()
-
-
-@hal.hookimpl
-def hal_create_process_group(chip, store, rank, world_size, timeout: timedelta):
-    return create_cpu_process_group(store, rank, world_size, timeout)
-
-
-@hal.hookimpl
-def hal_collective_capabilities(chip):
-    return cpu_fabric_capabilities(cpu_ccl())
-
-
-@hal.hookimpl
-def hal_op_kernels(chip, emulated):
-    # torch's fused CPU kernels run on CPU tensors, so they serve the cpu chip and every emulated
-    # chip alike (an emulated chip's tensors live on the host).
-    if chip != "cpu" and not emulated:
-        return None
-    return torch_kernels(priority=1)
+CHIP = CpuChip.spec
+PLUGIN = sdk.plugin(CpuChip)
+globals().update(PLUGIN.hookimpls())  # the entry point names this module: pluggy finds the hooks here

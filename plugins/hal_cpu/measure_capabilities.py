@@ -7,11 +7,11 @@
 Two processes try every combination on small tensors; a combination counts as supported only if it
 runs on both ranks *and* gives the right answer (checked against a local computation). Without
 `--plugin` it measures the HAL's CPU fabric: the result is data the HAL ships
-(`hal/data/<backend>_capabilities.json`, read by `hal.emulation.emulate.cpu_fabric_capabilities`). With
+(`hal/data/<backend>_capabilities.json`, read by `hal.sdk.cpu_fabric_capabilities`). With
 `--plugin NAME` (an entry point of group hal.plugins, or a module path) it binds that plugin's chip
 natively in each process (ranks 0 and 1, LOCAL_RANK = rank: two devices) and measures the group its
 `hal_create_process_group` builds, on the chip's tensors: a vendor's evidence for
-`hal_collective_capabilities`. `--format python` prints the `hal.CapabilityMatrix(...)` to return.
+`hal_collective_capabilities`. `--format python` prints the `sdk.CapabilityMatrix(...)` to return.
 A combination that hangs is not detected as such: the group's own timeout (20 s) must raise.
 """
 from __future__ import annotations
@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hal.contract.capabilities import COLLECTIVES, DTYPES, REDUCE_OPS, REDUCING, TORCH_REDUCE_OPS, torch_dtype
+from hal import sdk
+from hal.sdk import COLLECTIVES, DTYPES, REDUCE_OPS, REDUCING, TORCH_REDUCE_OPS, torch_dtype
 
 WORLD = 2
 _OPS = TORCH_REDUCE_OPS  # hal's reduce-op name table (premul_sum aside: it needs a factor)
@@ -172,16 +173,13 @@ def _group(rank: int, backend: str, plugin: Optional[str], chip: Optional[str], 
     if plugin is None and backend == "gloo":  # torch's own gloo: the HAL's gloo group refuses what this file omits
         return dist.ProcessGroupGloo(store, rank, WORLD, timeout), torch.device("cpu"), "--backend gloo", "", "cpu"
     if plugin is None:
-        from hal.emulation.emulate import create_cpu_process_group
         os.environ["HAL_CPU_CCL"] = backend
-        return create_cpu_process_group(store, rank, WORLD, timeout), torch.device("cpu"), f"--backend {backend}", "", "cpu"
-    import hal
-    from hal.core.plugin_manager import PluginManager
+        return sdk.create_cpu_process_group(store, rank, WORLD, timeout), torch.device("cpu"), f"--backend {backend}", "", "cpu"
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD))
-    pm = PluginManager()
+    pm = sdk.PluginManager()
     pm.load_entry_points(env={"HAL_PLUGINS": plugin})
     record = next(iter(pm.plugins.values()))
-    acc = hal.bind(chip or record.chips[0], pm=pm)  # native: ChipUnavailableError without the hardware
+    acc = sdk.bind(chip or record.chips[0], pm=pm)  # native: ChipUnavailableError without the hardware
     pg = acc.new_process_group(store, rank, WORLD, timeout)
     detail = (f" (chip {acc.chip.name} natively on {acc.profile.model}, device {acc.device}, ccl "
               f"{acc.chip.ccl_backend} as {type(pg).__name__})")
@@ -246,9 +244,9 @@ def measure(backend: str = "gloo", plugin: Optional[str] = None, chip: Optional[
 
 
 def as_python(data: dict, chip: str) -> str:
-    """The `hal.CapabilityMatrix(...)` expression a plugin's hal_collective_capabilities returns."""
+    """The `sdk.CapabilityMatrix(...)` expression a plugin's hal_collective_capabilities returns."""
     entries = ",\n    ".join(repr(tuple(e)) for e in data["entries"])
-    return (f"hal.CapabilityMatrix(chip={chip!r}, source={data['source']!r}, entries=frozenset({{\n"
+    return (f"sdk.CapabilityMatrix(chip={chip!r}, source={data['source']!r}, entries=frozenset({{\n"
             f"    {entries},\n}}))")
 
 
@@ -260,7 +258,7 @@ def main(argv=None) -> int:
     ap.add_argument("--collectives", help="comma-separated collectives to try (default: all)")
     ap.add_argument("--dtypes", help="comma-separated dtypes to try (default: all)")
     ap.add_argument("--format", default="json", choices=("json", "python"),
-                    help="json (what hal/data holds) or python (a hal.CapabilityMatrix expression)")
+                    help="json (what hal/data holds) or python (an sdk.CapabilityMatrix expression)")
     ap.add_argument("--out", help="file to write (default: print to stdout)")
     args = ap.parse_args(argv)
     data = measure(args.backend, args.plugin, args.chip,

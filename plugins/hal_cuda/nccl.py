@@ -45,9 +45,7 @@ import warnings
 from datetime import timedelta
 from typing import Any, Optional, Sequence
 
-import hal
-from hal.contract.version import check_process_group_args as check_group_args
-from hal.contract.capabilities import COLLECTIVES, DTYPES, REDUCING
+from hal import sdk
 
 FP8 = ("float8_e4m3fn", "float8_e5m2")
 _FLOATS = ("float32", "float16", "bfloat16", "float64")
@@ -65,7 +63,7 @@ SOURCE = ("read from pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupNCC
 
 
 def nccl_capabilities(chip: str = "cuda", nccl_version: Optional[tuple[int, ...]] = None,
-                      compute_capability: Optional[tuple[int, int]] = None) -> hal.CapabilityMatrix:
+                      compute_capability: Optional[tuple[int, int]] = None) -> sdk.CapabilityMatrix:
     """The matrix for a given NCCL version and GPU compute capability (None: not known yet).
 
     float8 reductions are declared only when both are known and high enough (NCCL >= 2.24, SM >= 9.0).
@@ -74,18 +72,18 @@ def nccl_capabilities(chip: str = "cuda", nccl_version: Optional[tuple[int, ...]
     entries: set[tuple[str, str, str]] = set()
     fp8_reduce = (nccl_version is not None and compute_capability is not None
                   and version >= NCCL_FP8_MIN and tuple(compute_capability) >= FP8_MIN_SM)
-    for coll in COLLECTIVES:
-        for dtype in DTYPES:
+    for coll in sdk.COLLECTIVES:
+        for dtype in sdk.DTYPES:
             if dtype == "int16":
                 continue  # not in ncclDataType: every collective raises TypeError
-            if coll not in REDUCING:
+            if coll not in sdk.REDUCING:
                 entries.add((coll, dtype, "-"))
                 continue
             for op in _reduce_ops(dtype, version, fp8_reduce):
                 entries.add((coll, dtype, op))
     detail = f"NCCL {'.'.join(map(str, nccl_version))}" if nccl_version else f"NCCL assumed >= {version[0]}.{version[1]}"
     cc = f", SM {compute_capability[0]}.{compute_capability[1]}" if compute_capability else ", SM unknown"
-    return hal.CapabilityMatrix(chip=chip, entries=frozenset(entries), source=f"{SOURCE}; {detail}{cc}")
+    return sdk.CapabilityMatrix(chip=chip, entries=frozenset(entries), source=f"{SOURCE}; {detail}{cc}")
 
 
 def _reduce_ops(dtype: str, version: tuple[int, ...], fp8_reduce: bool) -> tuple[str, ...]:
@@ -135,7 +133,7 @@ def nccl_group_class(chip: str = "cuda") -> Any:
     from torch.distributed import distributed_c10d as c10d
     pg_class = getattr(c10d, "ProcessGroupNCCL", None)
     if pg_class is None:  # distributed_c10d only imports it when torch was built with NCCL
-        raise hal.ChipUnavailableError(
+        raise sdk.ChipUnavailableError(
             f"chip {chip!r}, hook 'hal_create_process_group': this torch build has no NCCL "
             f"(torch.distributed.distributed_c10d.ProcessGroupNCCL is missing); install a CUDA build of torch")
     return pg_class
@@ -156,7 +154,7 @@ def create_nccl_process_group(store: Any, rank: int, world_size: int, timeout: t
                               chip: str = "cuda") -> Any:
     """`ProcessGroupNCCL(store, rank, world_size, options)` with the HAL timeout, the group's global
     ranks and name, as distributed_c10d._new_process_group_helper builds it (torch 2.13)."""
-    ranks, name = check_group_args(chip, rank, world_size, timeout, global_ranks, group_name)
+    ranks, name = sdk.check_process_group_args(chip, rank, world_size, timeout, global_ranks, group_name)
     pg_class = nccl_group_class(chip)
     ensure_catchable_timeouts()
     pg = pg_class(store, rank, world_size, nccl_options(pg_class, timeout, ranks, name))

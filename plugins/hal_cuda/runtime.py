@@ -5,14 +5,14 @@ from typing import Any, Optional
 
 import torch
 
-import hal
+from hal import sdk
 
 
-class CudaRuntime(hal.TorchDeviceRuntime):
+class CudaRuntime(sdk.TorchDeviceRuntime):
     """torch.cuda's streams, events, memory statistics, pinned memory and device selection.
 
-    The accelerator selects the device (`set_device_index(LOCAL_RANK % device_count())`) after it has
-    read `device_name()` for the profile; both go through torch.cuda, so CUDA_VISIBLE_DEVICES
+    The accelerator selects the device (`set_device_index(LOCAL_RANK % device_count())`) before it
+    reads `device_name()` for the profile; both go through torch.cuda, so CUDA_VISIBLE_DEVICES
     (applied by the CUDA runtime itself) decides which physical GPUs those indices mean.
     """
 

@@ -40,8 +40,7 @@ import warnings
 from datetime import timedelta
 from typing import Any, Optional, Sequence
 
-import hal
-from hal.contract.version import check_process_group_args
+from hal import sdk
 from hal_cuda.nccl import ensure_catchable_timeouts, nccl_options
 
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -50,11 +49,11 @@ SOURCE = ("declared from usage in baidu/vLLM-Kunlun vllm_kunlun/distributed/kunl
 ASYNC_ERROR_ENVS = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_XCCL_ASYNC_ERROR_HANDLING")
 
 
-def xccl_capabilities(chip: str = "kunlun") -> hal.CapabilityMatrix:
+def xccl_capabilities(chip: str = "kunlun") -> sdk.CapabilityMatrix:
     entries = {("all_reduce", d, "sum") for d in _DTYPES}
     for coll in ("all_gather", "all_gather_into_tensor", "gather", "send_recv"):
         entries |= {(coll, d, "-") for d in _DTYPES}
-    return hal.CapabilityMatrix(chip=chip, entries=frozenset(entries), source=SOURCE)
+    return sdk.CapabilityMatrix(chip=chip, entries=frozenset(entries), source=SOURCE)
 
 
 def apply_xccl_timeouts(timeout: timedelta, env: Optional[dict] = None) -> dict[str, str]:
@@ -77,7 +76,7 @@ def create_xccl_process_group(store: Any, rank: int, world_size: int, timeout: t
                               chip: str = "kunlun", backend: str = "nccl") -> Any:
     """The `backend` group as torch's `_new_process_group_helper` would build it in this process
     (a registered creator first, else distributed_c10d's class); see the module docstring."""
-    ranks, name = check_process_group_args(chip, rank, world_size, timeout, global_ranks, group_name)
+    ranks, name = sdk.check_process_group_args(chip, rank, world_size, timeout, global_ranks, group_name)
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
     apply_xccl_timeouts(timeout)
@@ -91,7 +90,7 @@ def create_xccl_process_group(store: Any, rank: int, world_size: int, timeout: t
         return plugin.creator_fn(store, rank, world_size, timeout)
     pg_class = getattr(c10d, "ProcessGroupNCCL", None)
     if pg_class is None:
-        raise hal.ChipUnavailableError(
+        raise sdk.ChipUnavailableError(
             f"chip {chip!r}, hook 'hal_create_process_group': torch has no creator registered for backend "
             f"{backend!r} and no distributed_c10d.ProcessGroupNCCL; KunlunXin's PyTorch build (torch_xmlir) "
             f"provides them (backed by XCCL)")
