@@ -13,11 +13,11 @@ from hal.trainer.loop import train
 
 
 def run(config: dict) -> dict:
-    return train(TrainConfig(**config), log=lambda s: None)
+    return train(TrainConfig(**config))
 
 
 def load_full(config: dict, step: int) -> dict:
-    """The loop's set-up (hal.trainer.loop.train: plan, model, apply_plan, AdamW) without training, then
+    """The trainer's set-up (hal.trainer.trainer.Trainer: plan, model, apply_plan, AdamW) without training, then
     Checkpointer.load(step); returns {"model.<fqn>": full tensor, "optim.state.<fqn>.<key>": full tensor}
     for this rank's stages, and the plan's description."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -27,13 +27,13 @@ def load_full(config: dict, step: int) -> dict:
     from hal.strategies.models import build_model
     from hal.trainer import checkpoint as ckpt
     from hal.trainer.elastic import live_topology
-    from hal.trainer.loop import _init, make_plan
+    from hal.trainer.trainer import init_distributed, make_plan
 
     cfg = TrainConfig(**config)
-    _init(cfg)
+    init_distributed(cfg)
     rank, world = dist.get_rank(), dist.get_world_size()
     book = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.timeout_s))
-    topo = live_topology(world, book, lambda s: None)
+    topo = live_topology(world, book)
     model_cfg = cfg.load_model_config()
     plan = make_plan(cfg, topo, model_cfg, book)
     chips = [None] * world

@@ -13,7 +13,7 @@ from hal.trainer.loop import train
 def run_timed(config: dict, scale: str) -> dict:
     os.environ["HAL_EMULATE_TIMED"], os.environ["HAL_EMULATE_TIME_SCALE"] = "1", scale
     try:
-        return train(TrainConfig(**config), log=lambda s: None)
+        return train(TrainConfig(**config))
     finally:
         os.environ.pop("HAL_EMULATE_TIMED", None)
         os.environ.pop("HAL_EMULATE_TIME_SCALE", None)

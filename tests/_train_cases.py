@@ -7,5 +7,4 @@ from hal.trainer.loop import train
 
 
 def run(config: dict) -> dict:
-    out = train(TrainConfig(**config), log=lambda s: None)
-    return out
+    return train(TrainConfig(**config))

@@ -21,11 +21,12 @@ import pytest
 from hal.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
+HAL_MAIN = "import sys; from hal.cli import main; sys.exit(main(sys.argv[1:]))"  # the `hal` command
 LAPTOP = str(ROOT / "examples" / "clusters" / "laptop-2x2.toml")
 BIG = str(ROOT / "examples" / "clusters" / "h800-910b-32.toml")
 MODEL = str(ROOT / "examples" / "models" / "tiny.toml")
 CLEAN = ("HAL_EMULATE", "HAL_CLUSTER", "HAL_CHIP", "HAL_PLUGINS", "HAL_DISABLE_PLUGIN_AUTOLOAD", "HAL_CPU_CCL",
-         "HAL_TRAIN_FAULT", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+         "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 
 
 @pytest.fixture
@@ -182,7 +183,7 @@ def test_train_rank_failure_at_run_time_prints_the_first_failing_rank_once(tmp_p
     cfg = _config(tmp_path, cluster='emulate = "cuda:1,ascend:1"',
                   data=f'source = "files"\npaths = ["{tmp_path / "empty"}"]')
     env = {k: v for k, v in os.environ.items() if k not in CLEAN}
-    p = subprocess.run([sys.executable, "-m", "hal.cli", "train", "--config", cfg], cwd=ROOT, env=env,
+    p = subprocess.run([sys.executable, "-c", HAL_MAIN, "train", "--config", cfg], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=240)
     err = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 1, p.stdout + p.stderr

@@ -1,7 +1,7 @@
 """Slow-node and slow-link detection (hal/trainer/slow_node.py, hal/trainer/link_watch.py): the detectors name a
 rank whose compute (or link issue time) is above its expected time (its peers') by more than the
-threshold and no one when all are alike; HAL_TRAIN_THROTTLE and HAL_TRAIN_LINK_DELAY are parsed
-strictly; the re-plan gives a slow replica fewer rows; and on an emulated 2 cuda + 2 ascend cluster
+threshold and no one when all are alike; the test-only `[debug]` throttle and link delay are checked
+strictly by the config; the re-plan gives a slow replica fewer rows; and on an emulated 2 cuda + 2 ascend cluster
 with TIMED emulation (every chip EMULATED on CPU; hal.emulation.timed charges each op at the chip's speed) the
 checks of `hal train` name the throttled rank (a cuda rank slowed x4) as a slow NODE and not as a slow
 link, the link-delayed rank (an ascend rank whose every collective submission sleeps 0.1 s) as a slow
@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 
 from hal.testing import WorkerPool
-from hal.trainer.link_watch import LinkDelaySpecError, parse_link_delay
+from hal.trainer.config import TrainConfig, TrainConfigError
 from hal.trainer.replan import restarts_left
-from hal.trainer.slow_node import (SlowLinkDetector, SlowNodeDetector, ThrottleSpecError, name_link, parse_throttle,
-                               replan)
+from hal.trainer.slow_node import SlowLinkDetector, SlowNodeDetector, name_link, replan
 
 from . import _slow_node_cases
 
@@ -44,11 +43,17 @@ def test_detector_names_the_slow_rank_and_no_one_otherwise():
         assert det.update([2.0, 1.0, 1.0], [0.0] * 3, [0.0] * 3) == []
 
 
-def test_throttle_spec_is_strict():
-    assert parse_throttle("2:3") == {2: 3.0} and parse_throttle("1:2, 3:4.5") == {1: 2.0, 3: 4.5}
-    for bad in ("2", "x:3", "2:0.5", "-1:2"):
-        with pytest.raises(ThrottleSpecError, match="HAL_TRAIN_THROTTLE"):
-            parse_throttle(bad)
+def _debug(tmp_path, **debug) -> TrainConfig:
+    return TrainConfig(**{**_config(tmp_path), "debug": debug})
+
+
+def test_throttle_spec_is_strict(tmp_path):
+    assert _debug(tmp_path, throttle={2: 3}).debug.throttle == {2: 3.0}
+    assert _debug(tmp_path, throttle={"1": 2, "3": 4.5}).debug.throttle == {1: 2.0, 3: 4.5}
+    for bad, field in (({"x": 3}, "debug.throttle.x"), ({2: 0.5}, "debug.throttle.2 = 0.5"),
+                       ({-1: 2}, "debug.throttle.-1 = 2"), ({2: "fast"}, "debug.throttle.2 = 'fast'")):
+        with pytest.raises(TrainConfigError, match=field):
+            _debug(tmp_path, throttle=bad)
 
 
 def test_link_detector_names_the_rank_that_holds_its_peers_up():
@@ -73,11 +78,16 @@ def test_link_detector_names_the_rank_that_holds_its_peers_up():
     assert link["peer"] is None and link["across_bridge"] and link["group"] == [0, 1, 2, 3], link
 
 
-def test_link_delay_spec_is_strict_and_restarts_left_reads_torchrun():
-    assert parse_link_delay("2:0.05") == {2: 0.05} and parse_link_delay("1:0.1, 3:0.02") == {1: 0.1, 3: 0.02}
-    for bad in ("2", "x:0.1", "2:0", "2:5", "-1:0.1"):
-        with pytest.raises(LinkDelaySpecError, match="HAL_TRAIN_LINK_DELAY"):
-            parse_link_delay(bad)
+def test_link_delay_spec_is_strict_and_restarts_left_reads_torchrun(tmp_path):
+    assert _debug(tmp_path, link_delay={2: 0.05}).debug.link_delay == {2: 0.05}
+    for bad, field in (({"x": 0.1}, "debug.link_delay.x"), ({2: 0}, "debug.link_delay.2 = 0"),
+                       ({2: 5}, "debug.link_delay.2 = 5"), ({-1: 0.1}, "debug.link_delay.-1 = 0.1")):
+        with pytest.raises(TrainConfigError, match=field):
+            _debug(tmp_path, link_delay=bad)
+    with pytest.raises(TrainConfigError, match=r"debug\.faults\[0\]\.action = 'boom'"):
+        _debug(tmp_path, faults=[{"action": "boom", "rank": 1, "step": 2}])
+    with pytest.raises(TrainConfigError, match=r"debug\.faults\[0\]\.step = 0"):
+        _debug(tmp_path, faults=[{"action": "kill", "rank": 1, "step": 0}])
     assert restarts_left({}) is None
     run = {"TORCHELASTIC_RUN_ID": "x", "TORCHELASTIC_MAX_RESTARTS": "1", "TORCHELASTIC_RESTART_COUNT": "0"}
     assert restarts_left(run) == 1 and restarts_left({**run, "TORCHELASTIC_RESTART_COUNT": "1"}) == 0
@@ -114,7 +124,7 @@ def pool():
 
 
 def test_slow_node_names_the_throttled_rank(pool, tmp_path):
-    pool.run(_slow_node_cases.run, _config(tmp_path / "t"), "1:4", timeout=240)
+    pool.run(_slow_node_cases.run, {**_config(tmp_path / "t"), "debug": {"throttle": {1: 4.0}}}, timeout=240)
     s = json.loads((tmp_path / "t" / "summary.json").read_text())
     assert s["timed_emulation"] is True
     assert [f["rank"] for f in s["slow_nodes"]] == [1], s["slow_nodes"]
@@ -130,7 +140,7 @@ def test_slow_node_names_the_throttled_rank(pool, tmp_path):
     assert rec["rows_after"]["1"] < rec["rows_before"]["1"]
     assert s["replans"] == [] and s["end_step"] == 6 and s["rank_rows"] == [2, 2, 2, 2]
 
-    pool.run(_slow_node_cases.run, _config(tmp_path / "calm"), None, timeout=240)
+    pool.run(_slow_node_cases.run, _config(tmp_path / "calm"), timeout=240)
     calm = json.loads((tmp_path / "calm" / "summary.json").read_text())
     assert calm["slow_nodes"] == [] and calm["throttled"] == [] and "replan" not in calm
     assert calm["slow_links"] == [] and calm["link_delayed"] == [] and calm["replan_recommended"] == []
@@ -138,10 +148,10 @@ def test_slow_node_names_the_throttled_rank(pool, tmp_path):
 
 
 def test_slow_link_names_the_delayed_rank(pool, tmp_path):
-    """Rank 2 (ascend) sleeps 0.1 s before each collective it submits (HAL_TRAIN_LINK_DELAY, test only):
+    """Rank 2 (ascend) sleeps 0.1 s before each collective it submits (debug.link_delay, test only):
     the slow-link check names it and its link (the DP all_reduce, across the bridge); the compute check,
     which reads the chips' device time, names no one."""
-    pool.run(_slow_node_cases.run, _config(tmp_path / "l"), None, "2:0.1", timeout=240)
+    pool.run(_slow_node_cases.run, {**_config(tmp_path / "l"), "debug": {"link_delay": {2: 0.1}}}, timeout=240)
     s = json.loads((tmp_path / "l" / "summary.json").read_text())
     assert s["link_delayed"] == [{"rank": 2, "seconds": 0.1}]
     assert [f["rank"] for f in s["slow_links"]] == [2], s["slow_links"]

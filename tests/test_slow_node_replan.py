@@ -1,6 +1,6 @@
 """Mid-run re-plan on a slow node (hal/trainer/replan.py), end to end through `hal train --max-restarts 1`: on
 a TIMED-emulated 2 cuda + 2 ascend cluster (every chip EMULATED on this CPU) with cuda rank 1's chip
-throttled x4 (HAL_TRAIN_THROTTLE, test only) and `slow_node.replan = true`, the slow-node check confirms
+throttled x4 (`[debug] throttle`, test only) and `slow_node.replan = true`, the slow-node check confirms
 rank 1 after `window` steps; every rank writes a checkpoint and leaves with EXIT_REPLAN, torchrun restarts
 the job, and the new job runs on `<run dir>/replan.json` - rank 1's replica with fewer rows than its cuda
 peer - resuming from that checkpoint with no step lost, and finishes. The job runs under a timeout and
@@ -49,6 +49,8 @@ dir = "{run_dir}"
 val_interval = 0
 val_batches = 1
 print_interval = 1
+[debug]
+throttle = {{ 1 = 4.0 }}
 """)
     return path
 
@@ -56,7 +58,7 @@ print_interval = 1
 def test_throttled_rank_is_replanned_mid_run_and_training_finishes(tmp_path):
     run = tmp_path / "run"
     config = _config(tmp_path / "r.toml", run)
-    proc = run_hal_train(config, 1, JOB_LIMIT_S, HAL_TRAIN_THROTTLE="1:4")
+    proc = run_hal_train(config, 1, JOB_LIMIT_S)
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:]
     s = json.loads((run / "summary.json").read_text())

@@ -6,7 +6,7 @@ a whole node is lost from an elastic job (`--nnodes 1:2`, two torchrun agents on
 restarted job re-plans with `plan.source = "auto"` for the smaller cluster, reshards the checkpoint and
 finishes. Every chip is EMULATED on this CPU.
 
-The rank faults are injected with HAL_TRAIN_FAULT (test only): `kill` makes the rank os._exit inside its
+The rank faults are injected by the config's test-only `[debug]` section (hal/trainer/debug.py): `kill` makes the rank os._exit inside its
 next bridge collective of that step, `freeze` makes it sleep there with its connections open. The node is
 lost by SIGKILL of its torchrun agent and its ranks. Bounds: every job runs under a timeout and is killed
 with its processes past it (no hang outlives the test); a freeze ends after the group timeout (timeout_s =
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 JOB_LIMIT_S = 360
 
 
-def _config(path: Path, run_dir: Path, emulate: str, plan: str = "even", steps: int = 12) -> Path:
+def _config(path: Path, run_dir: Path, emulate: str, plan: str = "even", steps: int = 12, faults: str = "") -> Path:
     path.write_text(f"""
 seed = 3
 steps = {steps}
@@ -57,12 +57,17 @@ interval = 2
 dir = "{run_dir}"
 val_interval = 0
 print_interval = 1
-""")
+{faults}""")
     return path
 
 
-def _hal_train(config: Path, faults: str, max_restarts: int) -> subprocess.CompletedProcess:
-    return run_hal_train(config, max_restarts, JOB_LIMIT_S, HAL_BRIDGE_GRACE_S="1", HAL_TRAIN_FAULT=faults)
+def _faults(*entries: tuple[str, int, int, int]) -> str:
+    """The `[debug]` section's faults: (action, rank, step, restart) each."""
+    return "".join(f'[[debug.faults]]\naction = "{a}"\nrank = {r}\nstep = {s}\nrestart = {n}\n' for a, r, s, n in entries)
+
+
+def _hal_train(config: Path, max_restarts: int) -> subprocess.CompletedProcess:
+    return run_hal_train(config, max_restarts, JOB_LIMIT_S, HAL_BRIDGE_GRACE_S="1")
 
 
 def _error_class(name: str):
@@ -91,8 +96,8 @@ def test_kill_and_freeze_on_both_sides_restart_and_resume(tmp_path):
     run = tmp_path / "run"
     # job 0: cuda rank 1 killed in step 3; job 1: ascend rank 2 frozen in step 7; job 2: cuda rank 0
     # frozen in step 11 (an ascend rank killed: the next test). Checkpoints every 2 steps.
-    faults = "kill:rank=1:step=3;freeze:rank=2:step=7:restart=1;freeze:rank=0:step=11:restart=2"
-    res = _hal_train(_config(tmp_path / "f.toml", run, "cuda:2,ascend:2"), faults, max_restarts=3)
+    faults = _faults(("kill", 1, 3, 0), ("freeze", 2, 7, 1), ("freeze", 0, 11, 2))
+    res = _hal_train(_config(tmp_path / "f.toml", run, "cuda:2,ascend:2", faults=faults), max_restarts=3)
     assert res.returncode == 0, res.stdout[-4000:]
     summary = json.loads((run / "summary.json").read_text())
     restarts = summary["restarts"]
@@ -170,7 +175,6 @@ def test_node_lost_under_torchrun_elastic_replans_smaller_and_continues(tmp_path
            "--max-restarts", "1", "--rdzv-conf", "last_call_timeout=3,join_timeout=90", "--monitor-interval", "0.5",
            "-m", "hal.launch.rank_entry", "-m", "hal.trainer.loop", "--config", str(config)]
     base = {**os.environ, "PYTHONPATH": str(ROOT), "HAL_BRIDGE_GRACE_S": "1", "OMP_NUM_THREADS": "1"}
-    base.pop("HAL_TRAIN_FAULT", None)
     logs = {n: open(tmp_path / f"{n}.log", "w") for n in "AB"}
     nodes = {}
     try:

@@ -18,16 +18,40 @@ cluster and the run's folders are checked (hal.launch.check); a problem is one l
 flag or variable and its value. If a rank fails, the first failing rank's error is printed once, with
 the path of the ranks' log.
 
-exit codes: 0 trained; 1 a rank failed; 2 bad input (nothing started).
+`hal train` needs rich (progress bar) and matplotlib (plots), the optional [train] extra:
+pip install 'hetero-hal[train]'.
+
+exit codes: 0 trained; 1 a rank failed; 2 bad input or the [train] extra missing (nothing started).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
 
 from hal.trainer.args import _OVERRIDES, add_arguments, load  # noqa: F401 - hal/cli/__init__.py calls add_arguments
+
+TRAIN_EXTRA = ("rich", "matplotlib")  # pyproject.toml's [train] extra
+
+
+def _installed(module: str) -> bool:
+    if module in sys.modules:  # None there: imports of it fail
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_train_extra() -> None:
+    """A LaunchError naming the [train] extra when rich or matplotlib is not installed."""
+    from hal.launch.check import LaunchError
+    missing = [m for m in TRAIN_EXTRA if not _installed(m)]
+    if missing:
+        raise LaunchError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: "
+                          f"hal train needs the [train] extra: pip install 'hetero-hal[train]'")
 
 
 def plan(cfg, args: argparse.Namespace, environ: dict) -> tuple:
@@ -61,7 +85,7 @@ def plan(cfg, args: argparse.Namespace, environ: dict) -> tuple:
         if not cfg.resolve(p).exists():
             raise TrainConfigError("data.paths", p, f"no such file or folder ({cfg.resolve(p)})")
     if cfg.plan.source != "auto":  # the Plan the ranks will build, checked on this cluster and model now
-        from hal.trainer.loop import make_plan
+        from hal.trainer.trainer import make_plan
         make_plan(cfg, Topology.from_env(env, world_size=nproc), cfg.load_model_config(), None)
     else:
         cfg.load_model_config()
@@ -76,14 +100,16 @@ def run(args: argparse.Namespace) -> int:
     from hal.contract.errors import HalError
     from hal.launch.check import fail, run_ranks
     try:
+        check_train_extra()
         cfg = load(args)
     except HalError as exc:
         return fail("hal train", exc)
     if os.environ.get("TORCHELASTIC_RUN_ID") or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
-        from hal.trainer.elastic import exit_failed
-        from hal.trainer.loop import train
+        from hal.trainer.console import setup_console
+        from hal.trainer.loop import exit_failed, train
+        setup_console()
         try:
-            train(cfg, log=lambda s: print(s, flush=True))
+            train(cfg)
         except BaseException as exc:  # exit now; torchrun restarts the job (hal/trainer/elastic.py)
             exit_failed(exc)
         return 0

@@ -1,5 +1,6 @@
 """`TrainConfig`: what `hal train --config train.toml` runs - model, data, optimizer and lr schedule,
-global batch, steps, cluster, plan, checkpoints and logs - read from TOML with pydantic. A bad field
+global batch, steps, cluster, plan, checkpoints and logs - read from TOML with pydantic; `[debug]` holds
+the test-only fault injection (hal.trainer.debug). A bad field
 is a `TrainConfigError` naming its path and value (hal.strategies.errors' style), e.g.
 `train config field optimizer.lr = -1: Input should be greater than 0`.
 
@@ -19,6 +20,7 @@ from hal.strategies.errors import FieldError, from_validation_error
 
 
 BYTE_VOCAB = 256  # every data source is bytes (hal.trainer.data.VOCAB is this)
+MAX_LINK_DELAY_S = 1.0  # debug.link_delay's bound per op, far below a collective's timeout
 
 
 class TrainConfigError(FieldError):
@@ -111,6 +113,45 @@ class EfficiencySection(_Section):
     part_even: bool = Field(default=True, description="--measure-parts: also measure each sub-cluster with Plan.even; the best counts")
 
 
+class FaultEntry(_Section):
+    """One injected fault (test only): `action` on `rank` during step `step` (1-based) of the job whose
+    torchrun restart count is `restart`."""
+
+    action: Literal["kill", "freeze"]
+    rank: int = Field(ge=0)
+    step: int = Field(ge=1, description="1-based, as printed")
+    restart: int = Field(default=0, ge=0, description="the job (torchrun restart count) it fires in")
+    point: str = Field(default="collective.start", min_length=1,
+                       description="hetero backend: where hal.ccl_bridge.faults fires it")
+    seconds: float = Field(default=3600.0, gt=0, description="freeze: how long the rank sleeps")
+
+
+class DebugSection(_Section):
+    """TEST ONLY: faults, a slower chip and a slower link injected into a run (hal.trainer.debug), so
+    the tests can exercise fault handling and the slow-node checks end to end. Empty in every real run."""
+
+    faults: list[FaultEntry] = Field(default_factory=list, description="ranks killed or frozen mid-step")
+    throttle: dict[int, float] = Field(default_factory=dict, description="rank -> factor >= 1: its timed-"
+                                       "emulation chip charges every op that many times its profile's time")
+    link_delay: dict[int, float] = Field(default_factory=dict, description="rank -> seconds in (0, 1]: it "
+                                         "sleeps that long before each collective or send it submits")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "DebugSection":
+        for rank, factor in self.throttle.items():
+            if rank < 0 or not factor >= 1.0:
+                raise TrainConfigError(f"throttle.{rank}", factor, "rank must be >= 0 and factor >= 1")
+        for rank, seconds in self.link_delay.items():
+            if rank < 0 or not 0.0 < seconds <= MAX_LINK_DELAY_S:
+                raise TrainConfigError(f"link_delay.{rank}", seconds, f"rank must be >= 0 and seconds in "
+                                       f"(0, {MAX_LINK_DELAY_S:g}] (a bounded delay, below any collective timeout)")
+        return self
+
+    @property
+    def active(self) -> bool:
+        return bool(self.faults or self.throttle or self.link_delay)
+
+
 class TrainConfig(_Section):
     seed: int = 0
     steps: int = Field(ge=1, description="steps of the schedule (cosine decays to its end)")
@@ -128,6 +169,7 @@ class TrainConfig(_Section):
     log: LogSection = LogSection()
     slow_node: SlowNodeSection = SlowNodeSection()
     efficiency: EfficiencySection = EfficiencySection()
+    debug: DebugSection = DebugSection()
     base_dir: str = Field(default=".", description="set by from_toml: the config file's directory")
 
     def __init__(self, **data: Any) -> None:

@@ -1,11 +1,12 @@
-"""Faults and restarts of a `hal train` run: test-only fault injection, what a failing rank records, and
-the recovery accounting of the restarted job (time to recover, steps lost).
+"""Faults and restarts of a `hal train` run: what a failing rank records, and the recovery accounting of
+the restarted job (time to recover, steps lost); `Elastic` is the trainer's fault-handling component.
 
 How a fault ends (docs/training.md, "Faults and elasticity"): a rank that dies or freezes makes every
 other rank's next collective with it fail within the group's bound with a typed error: the bridge's
 (hal.ccl_bridge.errors.BridgePeerError for a dead peer, BridgeTimeoutError for a frozen one, after
-`timeout_s` + HAL_BRIDGE_GRACE_S) or, in a group inside one chip kind, that chip's CCL's (hal.emulation.shm's);
-both are hal.contract.errors.CollectivePeerError / CollectiveTimeoutError; each failing rank writes one record and exits at once (os._exit, so no
+`timeout_s` + HAL_BRIDGE_GRACE_S) or, in a group inside one chip kind, that chip's CCL's
+(hal.emulation.shm's); both are hal.contract.errors.CollectivePeerError / CollectiveTimeoutError. Each
+failing rank writes one record and exits at once (hal.trainer.loop.exit_failed: os._exit, so no
 interpreter clean-up waits on a broken group), torchrun (`hal train --max-restarts N`) stops the rest and
 starts the job again, and the new job resumes from the newest complete checkpoint. Steps since it are lost.
 A relaunch on a different cluster (a node removed or replaced) resumes the same way; with `plan.source =
@@ -19,69 +20,20 @@ steps lost, the first error seen (`error`), world and chips before and after, wh
 `restart_s` (failure -> first step completed again) and `recovered_s` (failure -> back at the step reached).
 The failure time is the earliest failure record of the failed job, else its last metrics record.
 
-Fault injection, TEST ONLY: `HAL_TRAIN_FAULT="kill:rank=1:step=4;freeze:rank=2:step=7:restart=1"`. Each
-entry fires on `rank` during step `step` (1-based, as printed) of the job whose torchrun restart count
-(TORCHELASTIC_RESTART_COUNT) is `restart` (default 0, so a restarted job does not fail again). On the
-`hetero` backend it arms hal.ccl_bridge.faults at `point` (default `collective.start`: the rank's next
-collective of the step): `kill` exits the process there (os._exit(17)), `freeze` sleeps `seconds`
-(default 3600) inside the collective, connections open. On another backend the rank exits or sleeps at the
-start of the step. An injected fault is recorded (`faults/attempt<A>-rank<R>.json`) when it is armed.
+Faults are injected for tests by the `[debug]` section (hal.trainer.debug), which records them here.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
-from hal.contract.errors import HalError
-
-ENV = "HAL_TRAIN_FAULT"
 STATE = "elastic.json"
-
-
-class FaultSpecError(HalError, ValueError):
-    """HAL_TRAIN_FAULT is malformed; the message names the entry and the field."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    action: str  # kill | freeze
-    rank: int
-    step: int  # 1-based
-    restart: int = 0
-    point: str = "collective.start"
-    seconds: float = 3600.0
-
-
-def parse_faults(text: str) -> list[Fault]:
-    """`kill:rank=1:step=4;freeze:rank=2:step=7:restart=1:seconds=600` -> [Fault, ...]."""
-    out = []
-    for entry in filter(None, (e.strip() for e in text.replace(",", ";").split(";"))):
-        action, *fields = entry.split(":")
-        if action not in ("kill", "freeze"):
-            raise FaultSpecError(f"{ENV} entry {entry!r}: action {action!r}, expected kill or freeze")
-        kw: dict = {}
-        for f in fields:
-            key, sep, value = f.partition("=")
-            conv = {"rank": int, "step": int, "restart": int, "seconds": float, "point": str}.get(key)
-            if not sep or conv is None:
-                raise FaultSpecError(f"{ENV} entry {entry!r}: field {f!r}, expected rank=, step=, restart=, "
-                                     f"point= or seconds=")
-            try:
-                kw[key] = conv(value)
-            except ValueError:
-                raise FaultSpecError(f"{ENV} entry {entry!r}: {key} = {value!r} is not a number") from None
-        if "rank" not in kw or "step" not in kw:
-            raise FaultSpecError(f"{ENV} entry {entry!r}: needs rank= and step=")
-        if kw["step"] < 1 or kw["rank"] < 0:
-            raise FaultSpecError(f"{ENV} entry {entry!r}: rank = {kw['rank']}, step = {kw['step']}: "
-                                 f"rank >= 0 and step >= 1")
-        out.append(Fault(action, **kw))
-    return out
+log = logging.getLogger(__name__)
 
 
 def attempt() -> int:
@@ -104,14 +56,11 @@ def _read_json(path: Path) -> dict:
 
 
 class Elastic:
-    """One rank's view: injects this rank's faults, records its failure, and (rank 0) accounts for the
-    recovery of a restarted job."""
+    """One rank's view: records its failure, and (rank 0) accounts for the recovery of a restarted job."""
 
-    def __init__(self, run_dir: Path, rank: int, world: int, backend: str,
-                 log: Callable[[str], None] = print) -> None:
-        self.run_dir, self.rank, self.world, self.backend, self.log = run_dir, rank, world, backend, log
+    def __init__(self, run_dir: Path, rank: int, world: int) -> None:
+        self.run_dir, self.rank, self.world = run_dir, rank, world
         self.attempt = attempt()
-        self.faults = [f for f in parse_faults(os.environ.get(ENV, "")) if f.rank == rank and f.restart == self.attempt]
         self.pending: Optional[dict] = None  # rank 0: the recovery being measured
         self.pending_replan: Optional[dict] = None  # rank 0: the mid-run re-plan being completed (hal.trainer.replan)
         self.state: dict = {}
@@ -130,7 +79,7 @@ class Elastic:
                        "steps_lost": max(0, rp["step"] - resumed_step), "applied": self.state.get("job", {}).get(
                            "plan") != plan_json, "resharded": resharded})
             self.pending_replan = rp
-            self.log(f"hal train: restarted for the re-plan of step {rp['step']} (slow rank(s) {rp['ranks']}): "
+            log.info(f"hal train: restarted for the re-plan of step {rp['step']} (slow rank(s) {rp['ranks']}): "
                      f"resumed from step {resumed_step}"
                      + ("; on the new plan" if rp["applied"] else "; the new plan was NOT applied (see above)"))
         elif self.state.get("state") == "running":
@@ -149,7 +98,7 @@ class Elastic:
                 "chips_before": prev.get("chips"), "chips_after": kinds,
                 "replanned": prev.get("plan") != plan_json, "resharded": resharded,
                 "restart_s": None, "recovered_s": None}
-            self.log(f"hal train: restarted after a failure in step {reached + 1} ({self.pending['error']}): resumed "
+            log.info(f"hal train: restarted after a failure in step {reached + 1} ({self.pending['error']}): resumed "
                      f"from step {resumed_step}, {reached - resumed_step} step(s) lost; world "
                      f"{prev.get('world')} -> {self.world}"
                      + (f", chips {prev.get('chips')} -> {kinds}" if prev.get("chips") != kinds else "")
@@ -169,7 +118,7 @@ class Elastic:
             self.pending_replan = None
             self._write()
             keys["replan"] = rp
-            self.log(f"hal train: re-planned: {rp['restart_s']:.1f} s from the decision at step {rp['step']} to step "
+            log.info(f"hal train: re-planned: {rp['restart_s']:.1f} s from the decision at step {rp['step']} to step "
                      f"{done} done on the new plan (checkpoint, restart, resume; one step of work included), "
                      f"{rp['steps_lost']} step(s) lost")
         p = self.pending
@@ -184,7 +133,7 @@ class Elastic:
             self.pending = None
             self._write()
             keys["restart"] = p
-            self.log(f"hal train: recovered: {p['restart_s']:.1f} s from the failure to the first step done again "
+            log.info(f"hal train: recovered: {p['restart_s']:.1f} s from the failure to the first step done again "
                      f"(step {p['resumed_from_step'] + 1}), {p['recovered_s']:.1f} s to step {done} "
                      f"({p['steps_lost']} step(s) lost and redone)")
         return keys
@@ -215,30 +164,15 @@ class Elastic:
         tmp.replace(path)
 
     # ---- every rank ------------------------------------------------------------------------------
-    def before_step(self, step: int) -> None:
-        """Fire this rank's faults for step `step` (1-based). Test-only (HAL_TRAIN_FAULT)."""
-        for f in self.faults:
-            if f.step != step:
-                continue
-            self._record({"injected": f.action, "point": f.point if self.backend == "hetero" else "step start",
-                          "step": step, "error": f"injected {f.action} (HAL_TRAIN_FAULT)"})
-            self.log(f"hal train: rank {self.rank}: injecting {f.action} at step {step} (HAL_TRAIN_FAULT, test only)")
-            if self.backend == "hetero":
-                from hal.ccl_bridge import faults
-                faults.arm(f.point, f.action, after=0, seconds=f.seconds)
-            elif f.action == "kill":
-                os._exit(17)
-            else:
-                time.sleep(f.seconds)
-
     def failed(self, step: int, exc: BaseException, step_s: Optional[float]) -> None:
         """Record this rank's failure (typed error, step, how long it waited) and log one line."""
         err = f"{type(exc).__name__}: {exc}".splitlines()[0][:400]
-        self._record({"step": step, "error": err, "error_type": type(exc).__name__, "step_s": step_s})
+        self.record({"step": step, "error": err, "error_type": type(exc).__name__, "step_s": step_s})
         print(f"hal train: rank {self.rank} failed in step {step}"
               + (f" after {step_s:.1f} s" if step_s is not None else "") + f": {err}", file=sys.stderr, flush=True)
 
-    def _record(self, rec: dict) -> None:
+    def record(self, rec: dict) -> None:
+        """Write one failure record of this rank (`faults/attempt<A>-rank<R>-<ns>.json`)."""
         d = self.run_dir / "faults"
         d.mkdir(parents=True, exist_ok=True)
         rec = {"rank": self.rank, "attempt": self.attempt, "time": time.time(), **rec}
@@ -268,25 +202,6 @@ def _failure_records(run_dir: Path, since: float) -> list[dict]:
     return sorted((r for r in out if r.get("time", 0) >= since), key=lambda r: r["time"])
 
 
-def exit_failed(exc: BaseException) -> None:
-    """Under torchrun: end this rank now with exit code 1 after printing the error, without interpreter
-    clean-up (an async checkpoint thread or a broken group could hold the exit up to a timeout). A
-    slow-node re-plan (hal.trainer.replan.ReplanRequested) is no failure: one line, exit code EXIT_REPLAN."""
-    import traceback
-
-    from hal.launch.check import report_rank_failure
-    from .replan import EXIT_REPLAN, ReplanRequested
-    if isinstance(exc, ReplanRequested):
-        print(f"hal train: {exc}; exiting with code {EXIT_REPLAN} for torchrun's restart", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(EXIT_REPLAN)
-    report_rank_failure(exc)  # the marked line `hal train` prints for the first failing rank
-    traceback.print_exception(exc, file=sys.stderr)
-    sys.stderr.flush()
-    sys.stdout.flush()
-    os._exit(1)
-
-
 def init_process_group(backend: str, timeout) -> None:
     """`dist.init_process_group`, with the store of a torchrun job under a prefix of its restart count.
 
@@ -308,7 +223,7 @@ def init_process_group(backend: str, timeout) -> None:
         dist.init_process_group(backend, timeout=timeout)
 
 
-def live_topology(world: int, group, log: Callable[[str], None] = print):
+def live_topology(world: int, group):
     """The topology of the ranks that are here: the environment's (HAL_EMULATE / HAL_CLUSTER) when it
     names the chip every rank actually runs, else one built from the ranks' own chips (gathered over
     `group`, collective). After a node is removed or replaced the environment may still describe the old
@@ -332,5 +247,5 @@ def live_topology(world: int, group, log: Callable[[str], None] = print):
     except TopologyError as exc:
         why = f"the environment gives no topology for {world} ranks: {exc}"
     if dist.get_rank() == 0:
-        log(f"hal train: topology from the ranks' own chips ({why})")
+        log.info(f"hal train: topology from the ranks' own chips ({why})")
     return Topology.from_chips(chips, emulated=all(e for _, e in live))

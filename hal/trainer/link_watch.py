@@ -1,5 +1,5 @@
 """Per-rank link timing of `hal train`'s training collectives, for the slow-LINK check (hal.trainer.slow_node),
-and the test-only link delay HAL_TRAIN_LINK_DELAY.
+and the trainer component that runs that check (`SlowLinkCheck`).
 
 What is MEASURED, per rank and step (on the `hetero` backend, ccl_bridge's Python process group): the
 seconds this rank's own thread spends handing its data to its links - inside the group's submission
@@ -17,44 +17,22 @@ makes every member of the collective wait alike and shows only as higher `rank_w
 group; it is not attributed to a rank. The `gloo` backend's process group is C++ (nothing to wrap):
 there the check reports `measured: false`.
 
-`HAL_TRAIN_LINK_DELAY="rank:seconds"` (TEST ONLY; several as "1:0.05,3:0.02"): that rank sleeps
-`seconds` before each collective or send it submits on a `hetero` group (receives are not delayed),
-as a link that accepts its data late would hold it - bounded: at most MAX_DELAY_S per op, far below a
-collective's timeout.
+The test-only link delay (`[debug] link_delay = { 2 = 0.1 }`, hal.trainer.debug) makes that rank sleep
+before each collective or send it submits on a `hetero` group (receives are not delayed), as a link that
+accepts its data late would hold it; the config bounds it far below a collective's timeout.
+
+`SlowLinkCheck` is the trainer's component: it installs the watch, reads each step's issue seconds, runs
+the slow-link detector on every rank's figures and names the link of a rank it finds.
 """
 from __future__ import annotations
 
-import os
+import logging
 import threading
 import time
-from typing import Optional
 
-from hal.contract.errors import HalError
+import torch.distributed as dist
 
-ENV = "HAL_TRAIN_LINK_DELAY"
-MAX_DELAY_S = 1.0
-
-
-class LinkDelaySpecError(HalError, ValueError):
-    """HAL_TRAIN_LINK_DELAY is malformed or out of bounds; names the entry."""
-
-
-def parse_link_delay(text: str) -> dict[int, float]:
-    """`2:0.05` -> {2: 0.05}; `1:0.1,3:0.02` -> {1: 0.1, 3: 0.02}."""
-    out: dict[int, float] = {}
-    for item in (t.strip() for t in text.split(",")):
-        if not item:
-            continue
-        rank, sep, secs = item.partition(":")
-        try:
-            r, s = int(rank), float(secs)
-        except ValueError:
-            raise LinkDelaySpecError(f"{ENV}={text!r}: entry {item!r} is not 'rank:seconds' (e.g. '2:0.05')") from None
-        if not sep or r < 0 or not 0.0 < s <= MAX_DELAY_S:
-            raise LinkDelaySpecError(f"{ENV}={text!r}: entry {item!r}: rank must be >= 0 and seconds in "
-                                     f"(0, {MAX_DELAY_S:g}] (a bounded delay, below any collective timeout)")
-        out[r] = s
-    return out
+log = logging.getLogger(__name__)
 
 
 class _State:
@@ -94,7 +72,7 @@ def _wrap(fn):
         t0 = time.perf_counter()
         try:
             if s.delay_s and not op.startswith("recv"):
-                time.sleep(s.delay_s)  # HAL_TRAIN_LINK_DELAY (test only): this rank's link takes its data late
+                time.sleep(s.delay_s)  # debug.link_delay (test only): this rank's link takes its data late
             return fn(self, op, *args, **kwargs)
         finally:
             dt = time.perf_counter() - t0
@@ -110,16 +88,12 @@ def _wrap(fn):
     return _submit
 
 
-def start(rank: int, backend: str) -> dict:
-    """Install the watch (once per process), reset the counters and set this rank's delay from the
-    environment. Returns {"measured": bool, "delay_s": float, "basis": str}."""
-    delay = parse_link_delay(os.environ.get(ENV, "")).get(rank, 0.0)
+def start(backend: str, delay_s: float = 0.0) -> dict:
+    """Install the watch (once per process), reset the counters and set this rank's test-only delay.
+    Returns {"measured": bool, "delay_s": float, "basis": str}."""
     with _STATE.lock:
-        _STATE.delay_s, _STATE.issue_s, _STATE.ops, _STATE.by_link = delay, 0.0, 0, {}
+        _STATE.delay_s, _STATE.issue_s, _STATE.ops, _STATE.by_link = delay_s, 0.0, 0, {}
     if backend != "hetero":
-        if delay:
-            raise LinkDelaySpecError(f"{ENV}={os.environ.get(ENV)!r}: delaying rank {rank}'s link needs backend "
-                                     f"'hetero' (the bridge's Python group), not {backend!r}")
         return {"measured": False, "delay_s": 0.0,
                 "basis": f"not measured: backend {backend!r} has no Python process group to time"}
     from hal.ccl_bridge.process_group import HeteroProcessGroup
@@ -127,7 +101,7 @@ def start(rank: int, backend: str) -> dict:
     if not getattr(fn, "_hal_link_watch", False):
         HeteroProcessGroup._submit = _wrap(fn)
         _INSTALLED.append(HeteroProcessGroup)
-    return {"measured": True, "delay_s": delay,
+    return {"measured": True, "delay_s": delay_s,
             "basis": "seconds each rank's thread spends submitting its collectives and sends to the bridge"}
 
 
@@ -148,6 +122,49 @@ def by_link() -> dict[str, tuple[float, int]]:
         return {k: (v[0], v[1]) for k, v in _STATE.by_link.items()}
 
 
-def delay_of(rank: int) -> Optional[float]:
-    """The test-only delay HAL_TRAIN_LINK_DELAY gives `rank` (None: none)."""
-    return parse_link_delay(os.environ.get(ENV, "")).get(rank)
+class SlowLinkCheck:
+    """The trainer's slow-link component (every rank): installs the watch, measures each step's link issue
+    seconds (`begin` / `issue_s`, gathered with the step's timings by hal.trainer.metrics), feeds every
+    rank's figures to hal.trainer.slow_node.SlowLinkDetector and names the link of a newly found rank."""
+
+    def __init__(self, cfg, chips: list[str], backend: str, book, delay_s: float = 0.0,
+                 delays: dict | None = None) -> None:
+        from .slow_node import SlowLinkDetector
+        self.rank, self.world, self.book = dist.get_rank(), dist.get_world_size(), book
+        self.info = start(backend, delay_s)
+        self.delays = dict(delays or {})
+        sn = cfg.slow_node
+        self.detector = SlowLinkDetector(sn.threshold, sn.link_threshold, sn.window, chips)
+        self._issue0 = 0.0
+
+    def begin(self) -> None:
+        self._issue0 = issue_seconds()
+
+    def issue_s(self) -> float:
+        """This rank's seconds submitting to its links since `begin`."""
+        return issue_seconds() - self._issue0
+
+    def after_step(self, rec: dict) -> None:
+        """Every rank, on the step's record (its per-rank figures are the same everywhere): run the check,
+        name the link of each newly found rank (collective, the same decision on every rank), log it once."""
+        found = self.detector.update(rec["rank_link_issue_s"], rec["rank_step_s"], rec["rank_wait_s"])
+        if not found:
+            return
+        rec["slow_link_ranks"] = [f["rank"] for f in found]
+        new = [f for f in found if f.get("link") is None]
+        if not new:
+            return
+        from .slow_node import name_link
+        per_rank: list = [None] * self.world
+        dist.all_gather_object(per_rank, by_link(), group=self.book)
+        for f in new:
+            f["link"] = name_link(f["rank"], per_rank, self.detector.chips)
+            if self.rank == 0:
+                log.info("  SLOW LINK at step %d: %s", rec["step"], self.detector.describe(f))
+
+    def summary(self) -> dict:
+        return {"slow_links": self.detector.findings(), "link_measure": self.info,
+                "link_delayed": [{"rank": r, "seconds": d} for r, d in sorted(self.delays.items())]}
+
+    def close(self) -> None:
+        stop()

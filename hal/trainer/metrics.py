@@ -44,6 +44,7 @@ against its profile peak is printed but means nothing about the chip (summary sa
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -57,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
+log = logging.getLogger(__name__)
 
 
 # ---- timed emulation -----------------------------------------------------------------------------
@@ -146,10 +148,11 @@ def global_grad_norm(run, plan, rank: int, group) -> float:
 # ---- live display --------------------------------------------------------------------------------
 class Display:
     """rich progress bar (step, loss, tokens/s, time left) when stdout is a terminal; plain lines
-    every `print_interval` steps otherwise (CI, a log file, torchrun's piped output)."""
+    every `print_interval` steps otherwise (CI, a log file, torchrun's piped output). rich (the [train]
+    extra) is imported only for the bar."""
 
-    def __init__(self, total: int, start: int, interval: int, log: Callable[[str], None]) -> None:
-        self.total, self.interval, self.log = total, interval, log
+    def __init__(self, total: int, start: int, interval: int) -> None:
+        self.total, self.interval = total, interval
         self._bar = self._task = None
         if sys.stdout.isatty() and os.environ.get("HAL_TRAIN_PLAIN", "") in ("", "0"):
             try:
@@ -174,7 +177,7 @@ class Display:
             if self._bar is not None:
                 self._bar.console.print(line)
             else:
-                self.log(line)
+                log.info("%s", line)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -207,14 +210,16 @@ class RunMetrics:
     slow-node detector. Every rank calls `begin`/`end` each step (end is a collective on `book`)."""
 
     def __init__(self, cfg, plan, model_cfg, run, chips: list, book, acc, start: int,
-                 log: Callable[[str], None]) -> None:
-        from .slow_node import SlowNodeDetector, apply_throttle
+                 throttle: Optional[Callable[[Any], float]] = None) -> None:
+        """`throttle(clock) -> factor`: the test-only chip throttle (hal.trainer.debug), applied after the
+        profile's speeds are read, so the slow-node check expects the chip's real speed."""
+        from .slow_node import SlowNodeDetector
         self.cfg, self.plan, self.model_cfg, self.run, self.book = cfg, plan, model_cfg, run, book
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.log, self.start = log, start
+        self.start = start
         self.clock = timed_clock(acc)
         speeds = (self.clock.speeds.flops_per_s, self.clock.speeds.bytes_per_s) if self.clock else (0.0, 0.0)
-        self.throttle = apply_throttle(self.rank, self.clock)  # HAL_TRAIN_THROTTLE (test-only)
+        self.throttle = throttle(self.clock) if throttle is not None else 0.0
         dtype = self.clock.dtype if self.clock else _dtype_key(run)
         scale = self.clock.scale if self.clock else 1.0
         peak = acc.profile.peak(dtype)
@@ -245,7 +250,7 @@ class RunMetrics:
         if self.rank == 0:
             cfg.run_dir.mkdir(parents=True, exist_ok=True)
             self._file = open(cfg.run_dir / "metrics.jsonl", "a", encoding="utf-8")
-            self.display = Display(cfg.last_step, start, cfg.log.print_interval, log)
+            self.display = Display(cfg.last_step, start, cfg.log.print_interval)
         self._t_run = time.perf_counter()
 
     # -- per step ---------------------------------------------------------------------------------
@@ -314,7 +319,7 @@ class RunMetrics:
                 for f in found:
                     if f["rank"] not in self.slow_logged:
                         self.slow_logged.add(f["rank"])
-                        self.log(f"  SLOW NODE at step {done}: {self.detector.describe(f)}")
+                        log.info("  SLOW NODE at step %d: %s", done, self.detector.describe(f))
         return rec
 
     def write(self, rec: dict) -> None:

@@ -145,6 +145,7 @@ def part_configs(cfg) -> list[tuple[str, dict]]:
                     "print_interval": max(1, stop)}
         d["slow_node"] = {**d["slow_node"], "replan": False}
         d["efficiency"] = {**d["efficiency"], "part": True}
+        d.pop("debug", None)  # a part measures the cluster as it is: no test-only faults
         return d
 
     p = cfg.plan

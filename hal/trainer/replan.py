@@ -24,10 +24,11 @@ read back from elastic.json). A plan that cannot move rows (one replica per stag
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import torch.distributed as dist
 
@@ -36,6 +37,7 @@ from hal.contract.errors import HalError
 from .data import replica_rows
 from .elastic import STATE, under_torchrun
 
+log = logging.getLogger(__name__)
 EXIT_REPLAN = 75  # a rank's exit code for "restart me on the re-plan" (os.EX_TEMPFAIL's number)
 FILE = "replan.json"
 
@@ -67,7 +69,7 @@ def layout(plan) -> list[str]:
             for i, st in enumerate(plan.stages)]
 
 
-def choose_plan(cfg, plan, topo, model_cfg, book, log: Callable[[str], None]):
+def choose_plan(cfg, plan, topo, model_cfg, book):
     """At start, every rank (collective on `book`): when this run re-planned mid-run before (elastic.json
     lists `replans`) and `<run dir>/replan.json` fits this cluster and model, the plan to run is that one.
     Returns (plan, ranks already weighted down by this run)."""
@@ -88,10 +90,10 @@ def choose_plan(cfg, plan, topo, model_cfg, book, log: Callable[[str], None]):
                 if new.global_batch != cfg.global_batch:
                     raise ValueError(f"global batch {new.global_batch} != the config's {cfg.global_batch}")
                 box[0] = (new.to_json(indent=None), done)
-                log(f"hal train: running on the re-plan {path} (slow rank(s) {done} weighted down)")
+                log.info(f"hal train: running on the re-plan {path} (slow rank(s) {done} weighted down)")
             except Exception as exc:  # a different cluster since: plan as configured
                 box[0] = (None, done)
-                log(f"hal train: {path} does not fit this cluster ({type(exc).__name__}: {exc}); "
+                log.info(f"hal train: {path} does not fit this cluster ({type(exc).__name__}: {exc}); "
                     f"planning as configured ({cfg.plan.source})")
     dist.broadcast_object_list(box, src=0, group=book)
     text, done = box[0]
@@ -102,8 +104,8 @@ class MidRunReplan:
     """One rank's side of the mid-run re-plan (module doc). `after_step` runs on every rank after each
     step's checkpoint; it may raise ReplanRequested."""
 
-    def __init__(self, cfg, plan, rank: int, el, book, done: set, log: Callable[[str], None]) -> None:
-        self.cfg, self.plan, self.rank, self.el, self.book, self.log = cfg, plan, rank, el, book, log
+    def __init__(self, cfg, plan, rank: int, elastic, book, done: set) -> None:
+        self.cfg, self.plan, self.rank, self.elastic, self.book = cfg, plan, rank, elastic, book
         self.enabled = cfg.slow_node.replan
         self.done = set(done)  # ranks this run already weighted down
         self.recommended: list[dict] = []
@@ -124,7 +126,7 @@ class MidRunReplan:
             plan = replan(self.plan, med)
         except Exception as exc:  # a plan the re-weighting cannot express: say so, train on
             if self.rank == 0:
-                self.log(f"  SLOW NODE: no re-plan for rank(s) {ranks}: {type(exc).__name__}: {exc}")
+                log.info(f"  SLOW NODE: no re-plan for rank(s) {ranks}: {type(exc).__name__}: {exc}")
             return
         path = self.cfg.run_dir / FILE
         rec = {"step": done_step, "ranks": ranks, "chips": [f["chip"] for f in new],
@@ -135,7 +137,7 @@ class MidRunReplan:
                "tokens_per_s_before": statistics.median(r["tokens_per_s"] for r in records) if records else None}
         if plan.to_json() == self.plan.to_json():
             if self.rank == 0:
-                self.log(f"  SLOW NODE: rank(s) {ranks} cannot be weighted down on this plan "
+                log.info(f"  SLOW NODE: rank(s) {ranks} cannot be weighted down on this plan "
                          f"(no other replica in its stage to take rows); no re-plan")
             return
         if self.rank == 0:
@@ -149,7 +151,7 @@ class MidRunReplan:
             rec.update({"action": "recommended", "why": why})
             self.recommended.append(rec)
             if self.rank == 0:
-                self.log(f"  SLOW NODE: re-plan recommended at step {done_step} ({why}): {path} gives rank(s) "
+                log.info(f"  SLOW NODE: re-plan recommended at step {done_step} ({why}): {path} gives rank(s) "
                          f"{ranks} {rec['rows_after']} rows instead of {rec['rows_before']}; restart with "
                          f"--plan {path} "
                          f"(or run with --max-restarts >= 1 to re-plan automatically); training goes on")
@@ -159,8 +161,8 @@ class MidRunReplan:
         rec.update({"action": "restart", "restarts_left": left, "restart_s": None,
                     "checkpoint_s": time.perf_counter() - t0})
         if self.rank == 0:
-            self.el.replanning(rec)  # elastic.json: state "replan", the record the next job completes
-            self.log(f"  SLOW NODE: re-planning at step {done_step}: rank(s) {ranks} weighted down "
+            self.elastic.replanning(rec)  # elastic.json: state "replan", the record the next job completes
+            log.info(f"  SLOW NODE: re-planning at step {done_step}: rank(s) {ranks} weighted down "
                      f"({rec['rows_before']} -> {rec['rows_after']} rows); checkpoint written, {path}; every rank "
                      f"exits with code {EXIT_REPLAN} and torchrun restarts the job on the new plan "
                      f"({left} restart(s) left)")

@@ -1,16 +1,42 @@
 """The end of a `hal train` run on rank 0: the efficiency figures against the parts
-(hal.trainer.parts), the optional slow-node re-plan (hal.trainer.slow_node), the PNG plots (hal.trainer.plots),
-and the closing lines: MFU per chip kind, slow nodes, the chip of every rank, and last the
-MIXED-CLUSTER EFFICIENCY."""
+(hal.trainer.parts), the optional slow-node re-plan (hal.trainer.slow_node), summary.json, the PNG plots
+(hal.trainer.plots), and the closing lines: the run's result, the chip of every rank, slow links and
+re-plans, MFU per chip kind, slow nodes, and last the MIXED-CLUSTER EFFICIENCY."""
 from __future__ import annotations
 
-from typing import Callable
+import json
+import logging
+import math
 
+from .data import VOCAB
 from .metrics import fmt_rate
 from .parts import efficiency, report
 
+log = logging.getLogger(__name__)
 
-def finish_report(cfg, plan, summary: dict, log: Callable[[str], None]) -> dict:
+
+def write_report(cfg, plan, summary: dict, slow_links) -> None:
+    """Rank 0 at the end of a run: complete and write summary.json, then log the closing lines
+    (`slow_links`: the run's hal.trainer.slow_node.SlowLinkDetector, which describes its findings)."""
+    summary.update(finish_report(cfg, plan, summary))
+    path = cfg.run_dir / "summary.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    log.info(f"hal train: steps {summary['start_step']}..{summary['end_step']} in {summary['train_s']:.1f} s; final "
+             f"validation loss {summary['final_val_loss']:.4f} nats (uniform bytes: ln 256 = {math.log(VOCAB):.3f}); "
+             f"summary {path}")
+    for c in summary["chips"]:
+        log.info(f"  rank {c['rank']}: {c['chip']:<7} {'EMULATED on this host CPU' if c['emulated'] else 'native'}"
+                 f"  rows {c['rows']}")
+    for f in summary["slow_links"]:
+        log.info(f"  SLOW LINK: {slow_links.describe(f)}")
+    for r in summary.get("replans") or []:
+        log.info(f"  re-planned mid-run at step {r['step']} for slow rank(s) {r['ranks']}: rows {r['rows_before']} -> "
+                 f"{r['rows_after']}; {r.get('restart_s') or 0:.1f} s from the decision to the first step on the new "
+                 f"plan")
+    end_report(cfg, summary)  # plots, MFU per chip kind, slow nodes, then the efficiency figures
+
+
+def finish_report(cfg, plan, summary: dict) -> dict:
     """Figures added to summary.json before it is written: efficiency, even_efficiency, the parts'
     tokens/s, and (slow_node.replan) the path of the re-weighted plan."""
     if cfg.efficiency.part:
@@ -50,33 +76,33 @@ def split_lines(summary: dict) -> list[str]:
     return lines
 
 
-def end_report(cfg, summary: dict, log: Callable[[str], None]) -> None:
+def end_report(cfg, summary: dict) -> None:
     """The closing lines (after summary.json is written: the plots read it)."""
     try:
         from .plots import plot_run
         pngs = plot_run(cfg.run_dir, [c["chip"] for c in summary["chips"]],
                         title=f"({'timed emulation' if summary.get('timed_emulation') else 'emulated'})")
         if pngs:
-            log("  plots: " + ", ".join(str(p) for p in pngs))
-    except ImportError as exc:  # matplotlib is a dependency; an old environment may lack it
-        log(f"  plots: not drawn ({exc}; pip install matplotlib)")
+            log.info("  plots: " + ", ".join(str(p) for p in pngs))
+    except ImportError as exc:  # matplotlib is the [train] extra's
+        log.info(f"  plots: not drawn ({exc}; pip install 'hetero-hal[train]')")
     tps = summary.get("tokens_per_s_chip_median") or {}
     mfu = summary.get("mfu_chip_median") or {}
     peaks = {c: p for c, p in (summary.get("mfu_peaks") or {}).items()}
     for k in tps:
         m = mfu.get(k)
         p = peaks.get(k, {})
-        log(f"  {k:<7} {fmt_rate(tps[k])} tok/s (token-equivalents), MFU {'n/a' if m is None else f'{m * 100:.1f}%'}"
-            f" of {p.get('used', 'its peak')}")
+        log.info(f"  {k:<7} {fmt_rate(tps[k])} tok/s (token-equivalents), MFU {'n/a' if m is None else f'{m * 100:.1f}%'}"
+                 f" of {p.get('used', 'its peak')}")
     for line in split_lines(summary):
-        log(line)
+        log.info(line)
     for f in summary.get("slow_nodes") or []:
-        log(f"  SLOW NODE: rank {f['rank']} ({f['chip']}) {f['slowdown']:.2f}x its expected compute time "
-            f"(first seen at detector step {f['first_step']})")
+        log.info(f"  SLOW NODE: rank {f['rank']} ({f['chip']}) {f['slowdown']:.2f}x its expected compute time "
+                 f"(first seen at detector step {f['first_step']})")
     if summary.get("replan"):
-        log(f"  re-planned with the slow rank(s) weighted down: {summary['replan']} "
-            f"(resume with --plan {summary['replan']})")
+        log.info(f"  re-planned with the slow rank(s) weighted down: {summary['replan']} "
+                 f"(resume with --plan {summary['replan']})")
     if cfg.efficiency.part:  # one of --measure-parts' runs: the main run prints the figures
         return
     for line in report(summary, bool(summary.get("timed_emulation")), summary.get("plan_source", "?")):
-        log(line)
+        log.info(line)

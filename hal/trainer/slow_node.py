@@ -27,11 +27,9 @@ The finding names the rank, its chip and the link - the group (its global ranks,
 the bridge between chip kinds) or the send peer where its excess went (`name_link`). A transfer slow in
 flight (after the submission) raises every member's wait alike and is not attributed (link_watch).
 
-`HAL_TRAIN_THROTTLE="rank:factor"` (TEST ONLY; several as "1:3,2:2") slows that rank's emulated chip
-by `factor`: its timed-emulation clock charges every op `factor` times the profile's time (the chip
-is slower, as a thermally throttled one is). It needs timed emulation (HAL_EMULATE_TIMED=1, or
-cluster.timed = true): without a clock there is no emulated chip time to slow. The link's test-only
-knob is HAL_TRAIN_LINK_DELAY (hal.trainer.link_watch).
+The test-only throttle (`[debug] throttle = { 1 = 4.0 }`, hal.trainer.debug) slows a rank's emulated chip
+(its timed-emulation clock charges every op that many times the profile's time), as a thermally throttled
+chip is slower; the test-only link delay is `[debug] link_delay` (hal.trainer.link_watch).
 
 Re-plan (`slow_node.replan = true`): `replan` gives the run's Plan with each stage's replica rows
 re-weighted by the measured rows per compute-second of each replica (a slow rank's replica gets fewer
@@ -42,51 +40,9 @@ the end of a run with slow nodes replan.json is (re)written from the whole run's
 """
 from __future__ import annotations
 
-import os
 import statistics
 from collections import deque
 from typing import Optional
-
-from hal.contract.errors import HalError
-
-ENV = "HAL_TRAIN_THROTTLE"
-
-
-class ThrottleSpecError(HalError, ValueError):
-    """HAL_TRAIN_THROTTLE is malformed or cannot apply; names the entry."""
-
-
-def parse_throttle(text: str) -> dict[int, float]:
-    """`2:3` -> {2: 3.0}; `1:2,3:4` -> {1: 2.0, 3: 4.0}."""
-    out: dict[int, float] = {}
-    for item in (t.strip() for t in text.split(",")):
-        if not item:
-            continue
-        rank, sep, factor = item.partition(":")
-        try:
-            r, f = int(rank), float(factor)
-        except ValueError:
-            raise ThrottleSpecError(f"{ENV}={text!r}: entry {item!r} is not 'rank:factor' (e.g. '2:3')") from None
-        if not sep or r < 0 or not f >= 1.0:
-            raise ThrottleSpecError(f"{ENV}={text!r}: entry {item!r}: rank must be >= 0 and factor >= 1")
-        out[r] = f
-    return out
-
-
-def apply_throttle(rank: int, clock) -> float:
-    """Slow this rank's emulated chip as HAL_TRAIN_THROTTLE says; returns the factor (0.0: none)."""
-    spec = parse_throttle(os.environ.get(ENV, ""))
-    factor = spec.get(rank)
-    if not factor:
-        return 0.0
-    if clock is None:
-        raise ThrottleSpecError(f"{ENV}={os.environ.get(ENV)!r}: throttling rank {rank} needs timed emulation "
-                                f"(HAL_EMULATE_TIMED=1 or cluster.timed = true in the config)")
-    from hal.emulation.timed import Speeds
-    s = clock.speeds
-    clock.speeds = Speeds(s.flops_per_s / factor, s.bytes_per_s / factor,
-                          f"{s.source}; THROTTLED x{factor:g} ({ENV}, test only)")
-    return factor
 
 
 class SlowNodeDetector:
