@@ -116,10 +116,25 @@ def test_tp_peer_rule_between_stages_of_different_tp_degree():
                                         Transfer(2, 1, 0, 3), Transfer(3, 1, 3, 4)]
 
 
-def test_one_f_one_b_order():
-    from hal.strategies.pipeline_parallel import one_f_one_b
+def test_stage_order_1f1b_and_gpipe():
+    from hal.strategies.schedule import Schedule, stage_order
     # last stage alternates from the start; the first of 3 stages warms up with 2 forwards
-    assert one_f_one_b(2, 3, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
-    assert one_f_one_b(0, 3, 3) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]
-    assert one_f_one_b(0, 3, 4) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2),
-                                    ("B", 3)]
+    assert stage_order("1F1B", 2, 3, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
+    assert stage_order(Schedule.ONE_F_ONE_B, 0, 3, 3) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1),
+                                                           ("B", 2)]
+    assert stage_order("1F1B", 0, 3, 4) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2),
+                                            ("B", 3)]
+    assert stage_order("1F1B", 1, 3, 4) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2),
+                                            ("B", 3)]
+    assert stage_order(Schedule.GPIPE, 1, 3, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    # every schedule of torch's multi-stage kind has no single-stage order
+    with pytest.raises(ValueError, match="Interleaved1F1B"):
+        stage_order("Interleaved1F1B", 0, 2, 4)
+
+
+def test_schedule_is_a_string_enum():
+    from hal.strategies.pipeline_parallel import HETERO_SCHEDULES, TORCH_SCHEDULES
+    from hal.strategies.schedule import Schedule
+    assert Schedule("GPipe") is Schedule.GPIPE and Schedule.GPIPE == "GPipe" and f"{Schedule.GPIPE}" == "GPipe"
+    assert "1F1B" in HETERO_SCHEDULES and TORCH_SCHEDULES["ZBVZeroBubble"][2] == "v"
+    assert {Schedule.ONE_F_ONE_B: 1}["1F1B"] == 1

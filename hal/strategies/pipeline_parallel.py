@@ -10,9 +10,9 @@ Two runtimes, one `step(inputs, targets)` shape:
   replica's range, and gradients come back along the same rows (FlagScale's heterogeneous pipeline
   does the same). The transfers come from `HeteroMesh.transfers`; all are point-to-point on the world
   group (`hetero`): isend (never blocks the schedule) and irecv waited with the group's timeout.
-  1F1B: stage s of S runs min(S-1-s, M) warm-up forwards, then one forward and one backward in turn,
-  then the remaining backwards (Narayanan et al. 2021); with non-blocking sends the order is
-  deadlock-free for any DP degree per stage.
+  Each stage runs its forwards and backwards in `hal.strategies.schedule.stage_order`'s order (the
+  order the planner's simulator replays); with non-blocking sends 1F1B is deadlock-free for any DP
+  degree per stage.
 * `TorchPipeline` (every stage has the same DP and TP degree and row ranges, so replica j / TP index t
   of every stage form one chain): torch.distributed.pipelining's PipelineStage and its schedules
   (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
@@ -24,8 +24,8 @@ divided by the *global* token count, and nothing rescales afterwards (scale_grad
 gradients summed over micro-batches and DP replicas are exactly those of the single-process model on
 the whole global batch with a mean loss.
 
-The older `build_pipeline`/`pipeline_step` (one stage per rank of a group, mean loss) stay for their
-users (tests/test_bridge_strategies.py).
+`build_pipeline` / `pipeline_step` are the simplest use of torch's schedules: one stage per rank of a
+group, mean loss (tests/test_bridge_strategies.py).
 """
 from __future__ import annotations
 
@@ -41,24 +41,26 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
 from torch.distributed.pipelining.schedules import generate_stage_to_rank_mapping
 
 from hal.strategies.mesh import HeteroMesh, MeshError
+from hal.strategies.schedule import ORDERED_SCHEDULES, Schedule, stage_order
 
 SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
-# Plan.schedule name -> (torch class, stages per rank > 1?, rank mapping style)
+# schedule name -> (torch class, stages per rank > 1?, rank mapping style); every Plan schedule and
+# torch's InterleavedZeroBubble, which TorchPipeline runs when asked by name
 TORCH_SCHEDULES = {
-    "1F1B": (Schedule1F1B, False, None),
-    "GPipe": (ScheduleGPipe, False, None),
-    "Interleaved1F1B": (ScheduleInterleaved1F1B, True, "loop"),
+    Schedule.ONE_F_ONE_B: (Schedule1F1B, False, None),
+    Schedule.GPIPE: (ScheduleGPipe, False, None),
+    Schedule.INTERLEAVED_1F1B: (ScheduleInterleaved1F1B, True, "loop"),
     "InterleavedZeroBubble": (ScheduleInterleavedZeroBubble, True, "loop"),
-    "ZBVZeroBubble": (ScheduleZBVZeroBubble, True, "v"),
+    Schedule.ZBV_ZERO_BUBBLE: (ScheduleZBVZeroBubble, True, "v"),
 }
-HETERO_SCHEDULES = ("1F1B", "GPipe")
+HETERO_SCHEDULES = ORDERED_SCHEDULES   # what HeteroPipeline runs
 
 
 class PipelineError(MeshError):
     """A pipeline cannot be built or run as asked (names the rank, stage, schedule and numbers)."""
 
 
-# ---- the original one-stage-per-rank helpers (kept for their users) ---------------------------------
+# ---- one stage per rank of a group, torch's schedules ------------------------------------------------
 def build_pipeline(stage_module: nn.Module, group: dist.ProcessGroup, n_microbatches: int,
                    loss_fn: Callable, schedule: str = "1f1b",
                    device: Optional[torch.device] = None):
@@ -80,21 +82,6 @@ def pipeline_step(stage: PipelineStage, sched, inputs: torch.Tensor, targets: to
     kwargs = {"target": targets, "losses": losses} if stage.is_last else {}
     sched.step(*args, **kwargs)
     return torch.stack(losses).mean().detach() if stage.is_last else None
-
-
-# ---- order of one rank's work ------------------------------------------------------------------------
-def one_f_one_b(stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int]]:
-    """[("F", m) | ("B", m)] for one stage: warm-up forwards, steady 1F1B, cool-down backwards."""
-    warm = min(num_stages - 1 - stage, num_microbatches)
-    order = [("F", m) for m in range(warm)]
-    for i in range(num_microbatches - warm):
-        order += [("F", warm + i), ("B", i)]
-    order += [("B", m) for m in range(num_microbatches - warm, num_microbatches)]
-    return order
-
-
-def gpipe(stage: int, num_stages: int, num_microbatches: int) -> list[tuple[str, int]]:
-    return [("F", m) for m in range(num_microbatches)] + [("B", m) for m in range(num_microbatches)]
 
 
 class _DataParallelHooks:
@@ -142,7 +129,7 @@ class HeteroPipeline:
                  device: Optional[torch.device] = None) -> None:
         if schedule not in HETERO_SCHEDULES:
             raise PipelineError(f"HeteroPipeline: schedule={schedule!r}; this runtime runs "
-                                f"{list(HETERO_SCHEDULES)} (torch's interleaved/zero-bubble schedules need "
+                                f"{[str(x) for x in HETERO_SCHEDULES]} (torch's interleaved/zero-bubble schedules need "
                                 f"equal chains: TorchPipeline)")
         if num_microbatches < 1:
             raise PipelineError(f"HeteroPipeline: num_microbatches={num_microbatches} must be >= 1")
@@ -152,7 +139,7 @@ class HeteroPipeline:
         self.role = mesh.role()
         s, S, me = self.role.stage, mesh.num_stages, mesh.rank
         self.is_first, self.is_last = s == 0, s == S - 1
-        self.order = (one_f_one_b if schedule == "1F1B" else gpipe)(s, S, num_microbatches)
+        self.order = stage_order(schedule, s, S, num_microbatches)
         self.recv_fwd = [] if self.is_first else [t for t in mesh.transfers(s - 1) if t.dst == me]
         self.send_fwd = [] if self.is_last else [t for t in mesh.transfers(s) if t.src == me]
         self.recv_bwd = [] if self.is_last else [t for t in mesh.grad_transfers(s) if t.dst == me]
@@ -247,7 +234,7 @@ def check_torch_layout(mesh: HeteroMesh, schedule: str) -> None:
     rank i mod pp for the looped schedules; the V order for ZBVZeroBubble). Needs no communication, so
     every rank reaches the same verdict before any group is used."""
     if schedule not in TORCH_SCHEDULES:
-        raise PipelineError(f"schedule={schedule!r}; torch's schedules here are {list(TORCH_SCHEDULES)}")
+        raise PipelineError(f"schedule={schedule!r}; torch's schedules here are {[str(x) for x in TORCH_SCHEDULES]}")
     _, multi, style = TORCH_SCHEDULES[schedule]
     chains = mesh.chains()
     if chains is None:
@@ -279,7 +266,8 @@ class TorchPipeline:
                  timeout: Optional[timedelta] = None,
                  examples: Optional[Callable[[int], tuple[torch.Tensor, torch.Tensor]]] = None) -> None:
         if schedule not in TORCH_SCHEDULES:
-            raise PipelineError(f"TorchPipeline: schedule={schedule!r}; expected one of {list(TORCH_SCHEDULES)}")
+            raise PipelineError(f"TorchPipeline: schedule={schedule!r}; expected one of "
+                                f"{[str(x) for x in TORCH_SCHEDULES]}")
         cls, multi, _ = TORCH_SCHEDULES[schedule]
         check_torch_layout(mesh, schedule)
         mine = mesh.chain_group(timeout)  # built on every rank by apply_plan first; cached here

@@ -32,12 +32,11 @@ from typing import Any, Literal, Mapping, NamedTuple, Optional, Sequence, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import PlanError, from_validation_error
+from .schedule import MULTI_STAGE_SCHEDULES, Schedule
 
 __all__ = ["Plan", "Stage", "Replica", "Role", "PlanError", "PLAN_VERSION"]
 
 PLAN_VERSION = 1
-Schedule = Literal["1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble"]
-MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "ZBVZeroBubble")  # a rank hosts several stages
 
 
 class _Model(BaseModel):
@@ -150,7 +149,7 @@ class Plan(_Model):
     version: int = PLAN_VERSION
     model: str = Field(min_length=1, description="the model config's name")
     num_microbatches: int = Field(default=1, ge=1, description="micro-batches per step, equal on every rank")
-    schedule: Schedule = "1F1B"
+    schedule: Schedule = Schedule.ONE_F_ONE_B
     zero: Literal[0, 2, 3] = Field(default=0, description="0: DDP all-reduce; 2: FSDP2 without "
                                    "reshard after forward; 3: FSDP2 fully_shard")
     stages: list[Stage] = Field(min_length=1, description="pipeline stages in order")

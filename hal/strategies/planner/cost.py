@@ -109,11 +109,12 @@ def gather_time(nbytes: float, n: int, bw: float, lat: float = 0.0) -> float:
     return 0.0 if n <= 1 else (n - 1) * lat + busbw_factor("all_gather", n) * nbytes / bw
 
 
-def group_bw(facts: ChipFacts, members: Sequence[int], rank_node) -> float:
-    """Per-rank bandwidth of a collective among `members` of one sub-cluster: the intra-node link
-    when they share a node, the rank's NIC (its rail) otherwise."""
-    nodes = {rank_node(r) for r in members}
-    return facts.intra_bw if len(nodes) == 1 else facts.nic_bw
+def group_bw(facts: ChipFacts, one_node: bool) -> float:
+    """Per-rank bandwidth of a collective among ranks of one sub-cluster: the intra-node link when
+    they share a node, the rank's NIC (its rail) otherwise. The simulator knows the ranks
+    (layout.on_one_node); the search knows counts only (its TP groups are consecutive ranks, so a
+    group of n x tp ranks shares a node when it fits one)."""
+    return facts.intra_bw if one_node else facts.nic_bw
 
 
 def dp_reduce_time(nbytes: float, parts: Sequence[tuple[ChipFacts, int, float]]) -> float:

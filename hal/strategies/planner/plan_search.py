@@ -34,7 +34,7 @@ from typing import Callable, Optional, Sequence
 
 from hal.contract.errors import HalError
 
-from .cost import ModelFacts, dp_reduce_time, p2p_time, replica_cost, GRAD_BYTES
+from .cost import GRAD_BYTES, ModelFacts, dp_reduce_time, group_bw, p2p_time, replica_cost
 from .facts import ChipFacts, with_rails
 from .simulate import SEND_AFTER_REDUCTION, Layout, RepSpec, SimResult, StageSpec, simulate
 
@@ -186,7 +186,7 @@ def _estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[f
             for g in groups:
                 parts.setdefault(g.facts.name, [g.facts, 0, g.tp])[1] += g.count
             # a part on one node (its TP groups are consecutive ranks) reduces over the intra link
-            plist = [(f, n, f.intra_bw if n * tp <= f.ranks_per_node else f.nic_bw) for f, n, tp in parts.values()]
+            plist = [(f, n, group_bw(f, n * tp <= f.ranks_per_node)) for f, n, tp in parts.values()]
             t_red = dp_reduce_time(max(params, 0) * GRAD_BYTES, plist)
             t_red += expert_reduce_time(eparams, shape.ep, dp, [(f, n) for f, n, _ in parts.values()])
             exposed = max(0.0, t_red - bwd_min) + t_red / max(n_layers, 1)
@@ -218,7 +218,7 @@ def ep_of(model: ModelFacts, ep: Optional[int], dp: int, g: Group, nic: float,
         return None, bm
     if ep is None:
         return ((dp, nic) if dp > 1 else None), bm
-    bw = g.facts.intra_bw if ep * g.tp <= g.facts.ranks_per_node else g.facts.nic_bw
+    bw = group_bw(g.facts, ep * g.tp <= g.facts.ranks_per_node)
     return ((ep, bw) if ep > 1 else None), g.mb * ep
 
 

@@ -1,0 +1,104 @@
+"""What the step simulator needs of a plan: stages of replicas, each replica with its chip's figures
+(`Layout`), and where the rows of a micro-batch go between consecutive stages (`row_links`).
+
+A `Plan` (hal/strategies/plan.py) names ranks; a `Layout` adds each replica's `ChipFacts`, which is
+what the cost model prices. convert.py turns one into the other.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from ..schedule import Schedule
+from .facts import ChipFacts
+
+# hal/strategies/pipeline_parallel.HeteroPipeline sends each input gradient from a hook on the stage
+# input, the moment autograd computes it, so the last micro-batch's sends do not wait for the DP
+# reduction that DDP / FSDP2 run inside that backward. Both the simulator and the search's closed
+# form read this.
+SEND_AFTER_REDUCTION = False
+
+
+@dataclass
+class RepSpec:
+    """One replica (a TP group): its chip figures, ranks, rows of each micro-batch, experts hosted."""
+
+    facts: ChipFacts
+    ranks: tuple[int, ...]
+    mb: int
+    experts: Optional[int] = None     # experts hosted (MoE)
+
+
+@dataclass
+class StageSpec:
+    """One pipeline stage: its layer range [a, b), replicas in row order, recompute, EP degree."""
+
+    layers: tuple[int, int]
+    reps: list[RepSpec]
+    recompute: bool = False
+    ep: Optional[int] = None          # MoE: replicas per EP group (None: one EP group of all replicas)
+
+    @property
+    def n_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+    @property
+    def microbatch(self) -> int:
+        return sum(r.mb for r in self.reps)
+
+
+@dataclass
+class Layout:
+    """What the simulator needs of a plan: stages, replicas with their chip figures, micro-batches."""
+
+    stages: list[StageSpec]
+    m: int                       # micro-batches per step
+    zero: int = 0
+    schedule: Union[Schedule, str] = Schedule.ONE_F_ONE_B
+    node_of: Optional[dict[int, int]] = None   # rank -> node (None: every TP group on one node)
+    # True models a runtime that sends a stage's input gradients of the last micro-batch only when
+    # backward() returns, i.e. after the DDP / FSDP2 gradient reduction that runs inside that
+    # backward (docs/planner.md, "Prediction error"); HeteroPipeline sends first (False).
+    send_after_reduction: bool = SEND_AFTER_REDUCTION
+
+    @property
+    def global_batch(self) -> int:
+        return self.stages[0].microbatch * self.m
+
+
+def row_ranges(stage: StageSpec) -> list[tuple[int, int]]:
+    """Each replica's rows [a, b) of a micro-batch: the replicas tile it in order."""
+    out, o = [], 0
+    for r in stage.reps:
+        out.append((o, o + r.mb))
+        o += r.mb
+    return out
+
+
+def row_links(stages: list[StageSpec]) -> list[list[tuple[int, int, int]]]:
+    """Per boundary s -> s+1, every (replica i of stage s, replica k of stage s+1, rows they share):
+    what i sends k forward and k sends i back (activations are re-sliced where the DP degree or the
+    row split changes). Both stages' ranges tile the micro-batch in order, so the replicas of stage
+    s+1 that a replica of stage s overlaps are consecutive and move forward with it: one merge pass,
+    linear in the replicas."""
+    ranges = [row_ranges(st) for st in stages]
+    links = []
+    for s in range(len(stages) - 1):
+        lst, nxt_r, kp = [], ranges[s + 1], 0
+        for i, (a0, a1) in enumerate(ranges[s]):
+            while kp < len(nxt_r) and nxt_r[kp][1] <= a0:
+                kp += 1
+            k = kp
+            while k < len(nxt_r) and nxt_r[k][0] < a1:
+                b0, b1 = nxt_r[k]
+                rows = min(a1, b1) - max(a0, b0)
+                if rows > 0:
+                    lst.append((i, k, rows))
+                k += 1
+        links.append(lst)
+    return links
+
+
+def on_one_node(ranks, node_of: Optional[dict[int, int]]) -> bool:
+    """Whether `ranks` share one node; False when the layout has no rank -> node map."""
+    return bool(node_of) and len({node_of.get(x) for x in ranks}) == 1
