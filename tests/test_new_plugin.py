@@ -213,9 +213,9 @@ def test_a_vendor_measures_its_own_ccl(native_plugins):
     root, env = native_plugins
     out = _run([sys.executable, "-m", "hal_cpu.measure_capabilities", "--plugin", "regccl", "--collectives",
                 "all_reduce,broadcast", "--dtypes", "float32,int16", "--format", "python"], env=env, cwd=root).stdout
-    import hal
-    matrix = eval(out, {"hal": hal})  # the printed expression is what the plugin returns
-    assert isinstance(matrix, hal.CapabilityMatrix) and matrix.chip == "regccl"
+    from hal import sdk
+    matrix = eval(out, {"sdk": sdk})  # the printed expression is what the plugin returns
+    assert isinstance(matrix, sdk.CapabilityMatrix) and matrix.chip == "regccl"
     assert "--plugin regccl --collectives all_reduce,broadcast --dtypes float32,int16" in matrix.source
     assert "as RegCclGroup" in matrix.source
     # gloo (under the stand-in) has no int16 at all and no bitwise ops on floats (as hal/data's matrix says)

@@ -2,8 +2,9 @@
 
 The package (D, default ./hal-NAME) holds:
   pyproject.toml                 entry point NAME = "hal_NAME" in group `hal.plugins`
-  hal_NAME/__init__.py           every required hook; runs emulated (CPU tensors) until the vendor's
-                                 PyTorch adapter is installed
+  hal_NAME/__init__.py           the chip as one hal.sdk.Chip subclass (every hook through
+                                 sdk.plugin); runs emulated (CPU tensors) until the vendor's PyTorch
+                                 adapter is installed
   tests/test_conformance.py      runs the conformance suite on it (`pytest -p hal.conformance --hal-plugin NAME`)
   README.md
 Then:
@@ -67,6 +68,7 @@ def render(name: str, target: Path) -> list[Path]:
     from hal.contract.version import CONTRACT_VERSION
     package = f"hal_{name}"
     tokens = {"@@name@@": name, "@@NAME@@": name.upper(), "@@package@@": package,
+              "@@Class@@": "".join(part.capitalize() for part in name.split("_")),
               "@@dist@@": f"hal-{name.replace('_', '-')}", "@@hal_version@@": __version__,
               "@@contract@@": CONTRACT_VERSION}
     root = resources.files("hal").joinpath(*TEMPLATE_DIR)

@@ -121,6 +121,8 @@ class ChipPlugin:
 
     def __init__(self, chip: Chip):
         self.chip = chip
+        # pluggy's name for it, unless the caller gives one: class and chip, e.g. 'hal_cuda.CudaChip[cuda]'
+        self.__name__ = f"{type(chip).__module__}.{type(chip).__qualname__}[{chip.name}]"
 
     def hookimpls(self) -> dict[str, Callable[..., Any]]:
         """Hook name -> this plugin's implementation, to place in the module an entry point names."""

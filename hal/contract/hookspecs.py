@@ -1,6 +1,9 @@
-"""The HAL contract: hook specifications a chip plugin implements (contract version in `contract`).
+"""The HAL contract: hook specifications a chip plugin implements (contract version in `version`).
 
-Every hook is prefixed `hal_`. A plugin that provides chips must implement all the chip hooks for
+A chip plugin normally writes none of these by hand: it subclasses `hal.sdk.Chip` and
+`hal.sdk.plugin(ChipClass)` implements every hook by calling the class's methods
+(`hal.contract.chip`). Add-ons (wrappers, overrides, extra kernels) implement hooks directly with
+`@hal.sdk.hookimpl`, as below. Every hook is prefixed `hal_`. A plugin that provides chips must implement all the chip hooks for
 them (marked *required per chip*); `hal_plugin_info` is required of every plugin; `hal_op_kernels` is
 optional and may be implemented by any plugin, for any chip (a third-party package can add a faster
 kernel for a chip it does not own).
@@ -14,7 +17,8 @@ what pluggy's documentation says):
   third-party add-on) takes part too: its ``wrapper=True`` / ``hookwrapper=True`` implementations
   wrap the owner's (for example to log every process-group creation), and a ``tryfirst=True``
   implementation that returns a non-None value answers before the owner (an override). Such an
-  add-on **must return None for chips it does not handle**: the first non-None result wins.
+  add-on **must return None for chips it does not handle**: the first non-None result wins. The
+  owner is only ever asked about its own chips, so it need not check `chip` (a `hal.sdk.Chip` does not).
 - `hal_plugin_info` and `hal_chips` describe one plugin: each plugin is asked on its own at
   registration (a subset caller holding only that plugin).
 - `hal_op_kernels` is not firstresult: every plugin's list is collected (each provider is asked
@@ -59,9 +63,9 @@ def hal_plugin_info() -> "PluginInfo":
 
     Example::
 
-        @hal.hookimpl
+        @sdk.hookimpl
         def hal_plugin_info():
-            return hal.PluginInfo(name="acme", version="0.1.0", contract_version="1.1")
+            return sdk.PluginInfo(name="acme", version="0.1.0", contract_version="1.1")
     """
 
 
@@ -78,9 +82,9 @@ def hal_chips() -> "list[ChipSpec]":
 
     Example::
 
-        @hal.hookimpl
+        @sdk.hookimpl
         def hal_chips():
-            return [hal.ChipSpec(name="acme", vendor="Acme", torch_device_type="acme",
+            return [sdk.ChipSpec(name="acme", vendor="Acme", torch_device_type="acme",
                                  ccl_backend="accl", visible_devices_env="ACME_VISIBLE_DEVICES")]
     """
 
@@ -99,11 +103,10 @@ def hal_native_available(chip: str) -> Optional[bool]:
 
     Example::
 
-        @hal.hookimpl
-        def hal_native_available(chip):
-            if chip != "acme":
-                return None
-            return importlib.util.find_spec("torch_acme") is not None and torch.acme.device_count() > 0
+        class AcmeChip(sdk.Chip):          # hal.sdk.Chip.native_available: the probe's verdict
+            def probe(self, bind=False):
+                found = importlib.util.find_spec("torch_acme") is not None and torch.acme.device_count() > 0
+                return {"native": found, "reason": "torch_acme sees a device" if found else "no torch_acme"}
     """
 
 
@@ -170,7 +173,7 @@ def hal_create_process_group(chip: str, store: "dist.Store", rank: int, world_si
 
     Example::
 
-        @hal.hookimpl
+        @sdk.hookimpl
         def hal_create_process_group(chip, store, rank, world_size, timeout, global_ranks, group_name):
             opts = ProcessGroupACCL.Options()
             opts._timeout, opts.global_ranks_in_group, opts.group_name = timeout, list(global_ranks), group_name
@@ -211,8 +214,8 @@ def hal_op_kernels(chip: str, emulated: bool) -> "Optional[list[OpKernel]]":
 
     Example::
 
-        @hal.hookimpl
+        @sdk.hookimpl
         def hal_op_kernels(chip, emulated):
             if chip == "ascend" and not emulated:
-                return [hal.OpKernel("rms_norm", _npu_rms_norm, priority=10)]
+                return [sdk.OpKernel("rms_norm", _npu_rms_norm, priority=10)]
     """

@@ -2,7 +2,13 @@
 
 Every hook is dispatched by pluggy (`pm.hook.<name>(...)`, or pluggy's `subset_hook_caller` of it),
 so `firstresult`, `tryfirst`/`trylast` and (hook)wrappers behave as pluggy documents them; which
-plugins take part in which call is described in `hal.contract.hookspecs`.
+plugins take part in which call is described in `hal.contract.hookspecs`. Routing happens here, once:
+a chip-scoped hook reaches the owner of the chip it names (and add-ons), never another chip's owner,
+so an owner's hooks (those `hal.sdk.plugin` generates from a `hal.sdk.Chip`) need not check `chip`.
+
+A plugin is whatever pluggy registers (a module, an object with hook methods), or a `hal.sdk.Chip`
+subclass or instance, which `register` turns into its hooks with `hal.sdk.plugin` (so an entry point
+may name the class: `acme = "hal_acme:AcmeChip"`).
 
 Switches, in the spirit of pytest's:
 - `HAL_DISABLE_PLUGIN_AUTOLOAD=1`: load no entry points (only `HAL_PLUGINS` and `register()`).
@@ -24,6 +30,7 @@ from pydantic import ValidationError
 
 from hal.contract import hookspecs
 from hal.contract.capabilities import CapabilityMatrix
+from hal.contract.chip import Chip, plugin as chip_plugin
 from hal.contract.chips import ChipProfile, ChipSpec
 from hal.contract.version import CONTRACT_VERSION, PluginInfo, compatible
 from hal.contract.errors import (ContractVersionError, DuplicateChipError, HalError, PluginHookError,
@@ -110,7 +117,13 @@ class PluginManager:
 
     # ---- registration and validation -------------------------------------------------------
     def register(self, plugin: Any, name: Optional[str] = None, distribution: Optional[str] = None) -> PluginRecord:
-        """Register and validate a plugin (module, class instance or namespace with hookimpls)."""
+        """Register and validate a plugin (module, class instance or namespace with hookimpls, or a
+        `Chip` subclass or instance, registered as its `ChipPlugin`)."""
+        if isinstance(plugin, Chip) or (isinstance(plugin, type) and issubclass(plugin, Chip)):
+            try:
+                plugin = chip_plugin(plugin)
+            except TypeError as exc:
+                raise PluginValidationError(name or getattr(plugin, "__name__", repr(plugin)), None, str(exc)) from exc
         label = name or getattr(plugin, "__name__", None) or type(plugin).__name__
         self._check_hook_names(plugin, label)
         try:
