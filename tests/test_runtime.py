@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import hal
-from hal.contract import runtime
+from hal.emulation import runtime
 from hal.contract.runtime import TorchDeviceRuntime
 from hal.emulation.runtime import CpuEvent, CpuRuntime, CpuStream, EmulatedRuntime
 

@@ -111,7 +111,7 @@ def test_cli_up_status_exec_down_leaves_nothing(capfd):
 
 
 _OWNER = ("import sys, time\n"
-          "from testbed import BedSpec, Testbed\n"
+          "from hal.testbed import BedSpec, Testbed\n"
           "Testbed(BedSpec.of([1, 1], rate='100Mb/s'), name=sys.argv[1]).up()\n"
           "print('up', flush=True)\n"
           "time.sleep(600)\n")

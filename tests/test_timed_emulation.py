@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import hal
 from hal.core import catalog
 from hal.emulation import timed
-from hal.emulation.timed import Speeds, TimedEmulationError, VirtualClock, chip_speeds, op_cost
+from hal.emulation.timed import Speeds, TimedEmulationError, VirtualClock, chip_speeds
 
 # compute-bound speeds for charge tests: the bytes term is negligible
 COMPUTE = Speeds(flops_per_s=1e9, bytes_per_s=1e18, source="test: compute-bound")

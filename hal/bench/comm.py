@@ -200,7 +200,7 @@ def sub_clusters(chips: list[tuple[str, bool]]) -> dict[str, list[int]]:
     `hal.core.topology.rail_layout` groups them for the bridge."""
     from hal.core.topology import rail_layout
     return {f"{g.chip} x{g.size}" + (" (emulated)" if g.emulated else ""): list(g.ranks)
-            for g in rail_layout([tuple(k) for k in chips]).subclusters}
+            for g in rail_layout([(c, e) for c, e in chips]).subclusters}
 
 
 def _groups(labelled: dict[str, list[int]], backend: str, timeout: timedelta) -> GroupUnderTest:
@@ -231,7 +231,7 @@ def rail_groups(chips: list[tuple[str, bool]], timeout: timedelta) -> Optional[G
     """Gloo groups over the bridge's rails (`hal.core.topology`), or None when the sub-clusters differ in
     size (uneven rails carry different shares: not modelled here)."""
     from hal.core.topology import rail_layout
-    layout = rail_layout([tuple(k) for k in chips])
+    layout = rail_layout([(c, e) for c, e in chips])
     if len({g.size for g in layout.subclusters}) != 1 or not layout.rail_mode:
         return None
     return _groups({f"rail {r.index}": list(r.members) for r in layout.rails}, "gloo", timeout)

@@ -112,7 +112,8 @@ def create(dist_opts, pg_options=None):
     global_ranks = list(dist_opts.global_ranks_in_group) or None
     group_id = getattr(dist_opts, "group_id", "") or ""   # torch 2.13: the group's name (distributed_c10d.py)
     if pg_options is not None and not isinstance(pg_options, BridgeConfig):
-        raise BridgeConfigError(f"hetero: pg_options must be a hal.ccl_bridge.BridgeConfig, got {type(pg_options).__name__}")
+        raise BridgeConfigError(f"hetero: pg_options must be a hal.ccl_bridge.BridgeConfig, "
+                                f"got {type(pg_options).__name__}")
     config = pg_options or BridgeConfig.from_env()
     identities = exchange_identities(store, rank, size, config)
     topo = build_topology(identities, config.max_parts)

@@ -195,7 +195,8 @@ class Ccl:
             if self._has(coll, wide, op):
                 return f"widen:{dtype_name(wide)}"
         if coll in ("reduce", "reduce_scatter_tensor") and (
-                self._has("all_reduce", dtype, op) or any(self._has("all_reduce", w, op) for w in WIDER.get(dtype, ()))):
+                self._has("all_reduce", dtype, op)
+                or any(self._has("all_reduce", w, op) for w in WIDER.get(dtype, ()))):
             return "via_all_reduce"
         if self._carrier("all_gather_into_tensor") is not None:
             return "gather_reduce"
@@ -268,7 +269,8 @@ class Ccl:
         if r.startswith("widen:"):
             wd = getattr(torch, r[6:])
             wi, wo = inp.to(wd), torch.empty(out.shape, dtype=wd, device=out.device)
-            return Handle([self._rs(wo, wi, opts)], lambda: out.copy_(wo != 0 if out.dtype == torch.bool else wo), stage)
+            return Handle([self._rs(wo, wi, opts)],
+                          lambda: out.copy_(wo != 0 if out.dtype == torch.bool else wo), stage)
         n = out.numel()
         if r == "via_all_reduce":
             tmp = inp.clone()

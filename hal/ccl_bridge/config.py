@@ -1,43 +1,32 @@
 """The bridge's settings (environment switches, or a `BridgeConfig` passed as `pg_options`).
 
-| variable | default | meaning |
-|---|---|---|
-| `HAL_BRIDGE_SMALL_BYTES` | 65536 | all_reduce of at most this many bytes takes the single-leader path |
-| `HAL_BRIDGE_CHUNK_BYTES` | 4194304 | the rail path moves large messages in chunks of about this size |
-| `HAL_BRIDGE_PIPELINE_DEPTH` | 2 | chunks in flight at once on the rail path (bounds staging memory) |
-| `HAL_BRIDGE_WIRE_DTYPE` | (unset) | `bf16`: float32 SUM/AVG cross sub-clusters as bfloat16, accumulated in float32 |
-| `HAL_BRIDGE_DEBUG` | 0 | `1`: check op/dtype/shape/sequence agreement across ranks before each collective |
-| `HAL_BRIDGE_GRACE_S` | 5 | seconds a waiter allows beyond the group's timeout before raising BridgeTimeoutError |
-| `HAL_BRIDGE_FORCE_STAGING` | 0 | `1`: copy CPU tensors through host staging too, as for a native chip (tests the native copy path on emulated chips) |
-| `HAL_BRIDGE_MAX_PARTS` | 256 | most parts (lcm of the sub-cluster sizes) for the rail paths; above it (odd uneven sizes such as 97+64) the group runs leader-only |
+Each field's variable (`HAL_BRIDGE_SMALL_BYTES`, `_CHUNK_BYTES`, `_PIPELINE_DEPTH`, `_WIRE_DTYPE`,
+`_DEBUG`, `_GRACE_S`, `_FORCE_STAGING`, `_MAX_PARTS`), its default and meaning are declared in hal.envs
+(docs/environment.md lists them).
 
 Every rank must use the same values (they choose algorithms); group creation checks this and raises
 `BridgeConfigError` naming each rank's values otherwise.
 """
 from __future__ import annotations
 
-import os
-from dataclasses import asdict, dataclass, replace
-from typing import Mapping, Optional
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Optional
 
-from hal.core.topology import DEFAULT_MAX_PARTS
+from hal import envs
 
 from .errors import BridgeConfigError
-
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
 class BridgeConfig:
-    small_bytes: int = 64 * 1024
-    chunk_bytes: int = 4 * 1024 * 1024
-    pipeline_depth: int = 2
-    wire_dtype: Optional[str] = None  # None or "bfloat16"
-    debug: bool = False
-    grace_s: float = 5.0
-    max_parts: int = DEFAULT_MAX_PARTS
-    force_staging: bool = False
+    small_bytes: int = envs.HAL_BRIDGE_SMALL_BYTES.default
+    chunk_bytes: int = envs.HAL_BRIDGE_CHUNK_BYTES.default
+    pipeline_depth: int = envs.HAL_BRIDGE_PIPELINE_DEPTH.default
+    wire_dtype: Optional[str] = envs.HAL_BRIDGE_WIRE_DTYPE.default  # None or "bfloat16"
+    debug: bool = envs.HAL_BRIDGE_DEBUG.default
+    grace_s: float = envs.HAL_BRIDGE_GRACE_S.default
+    max_parts: int = envs.HAL_BRIDGE_MAX_PARTS.default
+    force_staging: bool = envs.HAL_BRIDGE_FORCE_STAGING.default
 
     def __post_init__(self) -> None:
         if self.small_bytes < 0:
@@ -55,33 +44,13 @@ class BridgeConfig:
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "BridgeConfig":
-        env = os.environ if env is None else env
-        kw: dict = {}
-        for name, key, conv in (("HAL_BRIDGE_SMALL_BYTES", "small_bytes", int),
-                                ("HAL_BRIDGE_CHUNK_BYTES", "chunk_bytes", int),
-                                ("HAL_BRIDGE_PIPELINE_DEPTH", "pipeline_depth", int),
-                                ("HAL_BRIDGE_GRACE_S", "grace_s", float),
-                                ("HAL_BRIDGE_MAX_PARTS", "max_parts", int)):
-            text = (env.get(name) or "").strip()
-            if text:
-                try:
-                    kw[key] = conv(text)
-                except ValueError:
-                    raise BridgeConfigError(f"{name}={text!r} is not a number") from None
-        wire = (env.get("HAL_BRIDGE_WIRE_DTYPE") or "").strip().lower()
-        if wire in ("bf16", "bfloat16"):
-            kw["wire_dtype"] = "bfloat16"
-        elif wire not in ("", "none", "off", "fp32", "float32"):
-            raise BridgeConfigError(f"HAL_BRIDGE_WIRE_DTYPE={wire!r}: expected 'bf16' or unset")
-        for name, key in (("HAL_BRIDGE_DEBUG", "debug"), ("HAL_BRIDGE_FORCE_STAGING", "force_staging")):
-            text = (env.get(name) or "").strip().lower()
-            if text not in _TRUE + _FALSE:
-                raise BridgeConfigError(f"{name}={text!r}: expected 0 or 1")
-            kw[key] = text in _TRUE
-        return cls(**kw)
-
-    def with_(self, **changes) -> "BridgeConfig":
-        return replace(self, **changes)
+        """The settings the HAL_BRIDGE_* variables give (a bad value raises BridgeConfigError)."""
+        def get(var: envs.EnvVar) -> Any:
+            return var.get(env, error=BridgeConfigError)
+        return cls(small_bytes=get(envs.HAL_BRIDGE_SMALL_BYTES), chunk_bytes=get(envs.HAL_BRIDGE_CHUNK_BYTES),
+                   pipeline_depth=get(envs.HAL_BRIDGE_PIPELINE_DEPTH), grace_s=get(envs.HAL_BRIDGE_GRACE_S),
+                   max_parts=get(envs.HAL_BRIDGE_MAX_PARTS), wire_dtype=get(envs.HAL_BRIDGE_WIRE_DTYPE),
+                   debug=get(envs.HAL_BRIDGE_DEBUG), force_staging=get(envs.HAL_BRIDGE_FORCE_STAGING))
 
     def agreement_key(self) -> dict:
         """What must agree across ranks: what picks algorithms (not the local waiter's grace, nor

@@ -53,8 +53,9 @@ class Fingerprint:
         numel = 1
         for d in shape:
             numel *= d
-        return torch.tensor([self.seq, OPS.index(self.op), _dtype_code(self.dtype), len(shape) if self.shape is not None else -1,
-                             numel if self.shape is not None else -1, self.root, REDOPS.index(self.redop)] + dims,
+        known = self.shape is not None
+        return torch.tensor([self.seq, OPS.index(self.op), _dtype_code(self.dtype), len(shape) if known else -1,
+                             numel if known else -1, self.root, REDOPS.index(self.redop)] + dims,
                             dtype=torch.int64)
 
     def describe(self) -> str:

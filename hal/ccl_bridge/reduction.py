@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from hal.contract.capabilities import REDUCE_OPS, TORCH_REDUCE_OPS, dtype_name
 from hal.contract.errors import NotSupportedError

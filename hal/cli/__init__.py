@@ -28,7 +28,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "conformance": ("hal.cli.conformance", "run the conformance suite against a plugin"),
     "plan": ("hal.cli.plan", "find the best layout of a model over a mixed cluster (cost model + simulator)"),
     "simulate": ("hal.cli.simulate", "predict one training step of a given plan"),
-    "testbed": ("hal.cli.testbed", "multi-host test bed (root): hosts as namespaces, one shaped NIC per rank: up|run|exec|status|down"),
+    "testbed": ("hal.cli.testbed", "multi-host test bed (root): hosts as namespaces, one shaped NIC per rank: "
+                "up|run|exec|status|down"),
 }
 
 EXAMPLES = """examples:

@@ -33,6 +33,8 @@ import socket
 import sys
 from typing import Optional
 
+from hal import envs
+
 DEFAULT_EMULATE = "cuda:2,ascend:2"
 
 
@@ -134,8 +136,8 @@ def check(args: argparse.Namespace, environ: dict) -> tuple[int, dict]:
                           f"{args.min_bytes} to --max-bytes {args.max_bytes}; at most 64")
     args.json = check_output_path("--json", args.json, (".json",))
     nproc = args.nproc
-    chip_only = (environ.get("HAL_CHIP") or "").strip() and not any(
-        (environ.get(k) or "").strip() for k in ("HAL_EMULATE", "HAL_CLUSTER"))
+    chip_only = envs.HAL_CHIP.is_set(environ) and not (envs.HAL_EMULATE.is_set(environ)
+                                                       or envs.HAL_CLUSTER.is_set(environ))
     if nproc is None and (args.emulate == "none" or (args.emulate is None and chip_only)):
         nproc = 4  # no map to count: the help's default
     nproc, env, _, _ = plan_ranks(nproc, args.emulate, environ, _default_emulate, min_ranks=2)
@@ -299,7 +301,7 @@ def _report(args, chips, gut, rows, s, stages=None, base_rows=()) -> dict:
             "world_size": len(chips), "chips": [{"rank": r, "chip": c, "emulated": e}
                                                for r, (c, e) in enumerate(chips)],
             "emulated": any(e for _, e in chips), "groups": gut.all_groups,
-            "cpu_fabric": os.environ.get("HAL_CPU_CCL", "auto"),
+            "cpu_fabric": envs.HAL_CPU_CCL.get(),
             "iters": args.iters, "warmup": args.warmup, "repeats": args.repeats,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "host": socket.gethostname(), "cpu_count": os.cpu_count(),

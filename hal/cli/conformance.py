@@ -106,9 +106,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {res.status.upper():<7} {res.id} ({res.duration_s:.2f} s): {res.message}", flush=True)
 
     tag = "EMULATED" if target.emulated else "native"
-    import os
-    ignored = [f"{k}={os.environ[k]}" for k in ("HAL_EMULATE", "HAL_CLUSTER", "HAL_CHIP", "HAL_PLUGINS")
-               if (os.environ.get(k) or "").strip()]
+    from hal import envs
+    ignored = [f"{v.name}={v.text()}" for v in (envs.HAL_EMULATE, envs.HAL_CLUSTER, envs.HAL_CHIP,
+                                                           envs.HAL_PLUGINS) if v.is_set()]
     if ignored:  # the suite binds the plugin under test itself; say so rather than seem to obey them
         print(f"hal conformance: note: {', '.join(ignored)} ignored here: the suite tests --plugin "
               f"{args.plugin} (--chip, --emulate choose its chip and emulation)", flush=True)

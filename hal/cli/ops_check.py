@@ -159,8 +159,8 @@ def to_json(reports: Sequence[ChipReport], dtypes: Sequence[str]) -> dict:
 def _env_chips() -> Optional[list[str]]:
     """Without --chips, the chips `HAL_EMULATE` names (the README's `HAL_EMULATE=ascend hal ops-check`
     checks ascend only); None (every chip) when it is unset."""
-    import os
-    text = (os.environ.get("HAL_EMULATE") or "").strip()
+    from hal import envs
+    text = envs.HAL_EMULATE.text()
     if not text:
         return None
     from hal.emulation.emulate import chips_in_map

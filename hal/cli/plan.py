@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
+
+from hal import envs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="plan.toml", help="write the chosen plan (TOML, or JSON if it ends in .json)")
     p.add_argument("--trace", metavar="trace.json", help="write the simulated step as a Chrome/Perfetto trace")
     p.add_argument("--json", metavar="FILE", dest="json_out",
-                   help="write the figures as JSON (step_time_s, tokens_per_s, efficiency, even_efficiency, search_s, ...)")
+                   help="write the figures as JSON (step_time_s, tokens_per_s, efficiency, even_efficiency, "
+                   "search_s, ...)")
     p.add_argument("--max-pp", type=int, default=32, help="deepest pipeline to consider (default 32)")
     p.add_argument("--schedule", default="1F1B", choices=["1F1B", "GPipe"],
                    help="pipeline schedule of the written plan (default 1F1B)")
@@ -79,7 +81,7 @@ def load_inputs(args: argparse.Namespace):
                 raise CliError(f"--cluster {args.cluster}: no such file")
             topo = Topology.from_spec(load_cluster_spec(args.cluster))
         else:
-            if not (os.environ.get("HAL_CLUSTER") or os.environ.get("HAL_EMULATE")):
+            if not (envs.HAL_CLUSTER.is_set() or envs.HAL_EMULATE.is_set()):
                 raise CliError("no cluster: pass --cluster SPEC.toml (or set HAL_CLUSTER / HAL_EMULATE)")
             topo = Topology.from_env()
     except HalError as exc:

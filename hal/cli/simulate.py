@@ -17,7 +17,8 @@ from hal.cli.plan import CliError, _out_path, load_inputs, run_reporting
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plan", metavar="plan.toml", required=True, help="a plan (TOML or JSON), e.g. from `hal plan --out`")
+    p.add_argument("--plan", metavar="plan.toml", required=True,
+                   help="a plan (TOML or JSON), e.g. from `hal plan --out`")
     p.add_argument("--cluster", metavar="SPEC.toml", help="cluster spec (default: HAL_CLUSTER, else HAL_EMULATE)")
     p.add_argument("--model", metavar="MODEL.toml", required=True, help="model config the plan is for")
     p.add_argument("--matrix", metavar="DIR", help="directory of measured efficiency matrices")

@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     up.add_argument("--chips", default=None, help="HAL_EMULATE map by global rank for `run`, e.g. cuda:2,ascend:2")
     up.add_argument("--cluster", default=None, metavar="FILE",
                     help="take hosts, ranks and NIC rates from a cluster spec (nic_bandwidth / --scale)")
-    up.add_argument("--scale", type=float, default=1000.0, help="with --cluster: divide NIC rates by this (default 1000)")
+    up.add_argument("--scale", type=float, default=1000.0,
+                    help="with --cluster: divide NIC rates by this (default 1000)")
     up.add_argument("--max-rate", default=None, help="with --cluster: cap every NIC at this rate")
     up.add_argument("--subnet", default=None, help="private IPv4 range inside the bed (default 10.213.0.0/16)")
     up.add_argument("--name", default=None, help="bed name, up to 8 letters/digits (default random)")
@@ -161,10 +162,11 @@ def _check_chips(bed, extra: dict) -> None:
     with the launching commands' rules for the bed's world size: one line and exit 2 on bad input."""
     import os
 
+    from hal import envs
     from hal.launch.check import CHIP_ENV, LaunchError, check_plugins, plan_ranks
     from hal.testbed.launch import job_env
     env = {**os.environ, **job_env(bed, 0, extra)}
-    if not any((env.get(k) or "").strip() for k in CHIP_ENV):
+    if not any(envs.VARIABLES[k].text(env) for k in CHIP_ENV):
         check_plugins(env)  # HAL_PLUGINS; every rank takes the chip the machine has (hal.accelerator's default)
         return
 

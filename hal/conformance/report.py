@@ -131,7 +131,8 @@ class Report:
                "<style>body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
                "padding:2px 6px;vertical-align:top}.failed{background:#fdd}.skipped{background:#ffd}"
                ".passed{background:#dfd}.not_applicable{background:#eee}</style></head><body>",
-               f"<h1>Conformance: plugin {esc(self.plugin)} {esc(self.plugin_version or '')}, chip {esc(self.label)}</h1>",
+               f"<h1>Conformance: plugin {esc(self.plugin)} {esc(self.plugin_version or '')}, "
+               f"chip {esc(self.label)}</h1>",
                f"<p><b>{'PASSED' if self.ok else 'FAILED'}</b>: {s['passed']} passed, {s['failed']} failed, "
                f"{s['skipped']} skipped, {s['not_applicable']} not applicable in {self.seconds:.1f} s</p>"]
         if self.emulated:
@@ -211,7 +212,8 @@ class Report:
 
 def _matrix_markdown(em) -> list[str]:
     lines = ["## Efficiency matrix" + (" (EMULATED: host figures)" if em.emulated else ""), "",
-             f"schema {em.schema_version}, device {em.device}, CCL {em.ccl}, measured {em.measured_at} on {em.host}", "",
+             f"schema {em.schema_version}, device {em.device}, CCL {em.ccl}, measured {em.measured_at} "
+             f"on {em.host}", "",
              "| matmul dtype | m=n=k | GFLOP/s | of peak |", "|---|---:|---:|---:|"]
     for f in em.matmul:
         frac = f"{f.fraction_of_peak:.1%}" if f.fraction_of_peak is not None else "-"

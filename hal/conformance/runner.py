@@ -80,7 +80,8 @@ def _died(outcome, pool) -> str:
         return outcome.error or "worker process died"
     if code < 0:
         name = _SIGNALS.get(-code, f"signal {-code}")
-        return f"worker process died of {name} (exit code {code}): it aborted or crashed instead of raising a typed error"
+        return (f"worker process died of {name} (exit code {code}): it aborted or crashed instead of raising a "
+                f"typed error")
     return f"worker process exited with code {code} instead of returning or raising"
 
 
@@ -133,8 +134,9 @@ class Runner:
         left = self._left(check.level)
         if left <= 0:
             hung = self._hangs.get(check.level, [])
+            more = "..." if len(hung) > 3 else ""
             return CheckResult(check.id, check.level, "failed", "not run: the level's time budget was spent "
-                               f"({len(hung)} check(s) hung: {', '.join(hung[:3]) or 'none'}{'...' if len(hung) > 3 else ''}); "
+                               f"({len(hung)} check(s) hung: {', '.join(hung[:3]) or 'none'}{more}); "
                                "see docs/conformance.md, 'Time bounds'", 0.0)
         if check.where == "local":
             t0 = time.perf_counter()

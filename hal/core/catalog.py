@@ -21,11 +21,11 @@ from typing import Any, Optional
 
 from pydantic import ValidationError
 
-from hal.contract.chips import DTYPE_KEYS, ChipProfile, Figure
+from hal.contract.chips import DTYPE_KEYS, ChipProfile, Figure, FigureUnit
 from hal.contract.errors import HalError, UnknownChipError
 
-_FIELD_UNITS = {"memory_bytes": "B", "memory_bandwidth": "B/s", "intra_node_bandwidth": "B/s",
-                "nic_bandwidth": "B/s"}
+_FIELD_UNITS: dict[str, FigureUnit] = {"memory_bytes": "B", "memory_bandwidth": "B/s", "intra_node_bandwidth": "B/s",
+                                        "nic_bandwidth": "B/s"}
 _ENTRY_KEYS = {"model", "aliases", "match", "notes", "peak_flops"} | set(_FIELD_UNITS)
 
 
@@ -151,7 +151,7 @@ def _chip(chip: str) -> _ChipCatalog:
 @lru_cache(maxsize=None)
 def _all() -> dict[str, _ChipCatalog]:
     out: dict[str, _ChipCatalog] = {}
-    folder = resources.files("hal").joinpath("data", "catalog")
+    folder = resources.files("hal") / "data" / "catalog"
     for item in sorted(folder.iterdir(), key=lambda p: p.name):
         if item.name.endswith(".toml"):
             cat = load_catalog_text(item.read_text(encoding="utf-8"), f"hal/data/catalog/{item.name}")
@@ -203,7 +203,7 @@ def _entry(file: str, chip: str, key: str, raw: dict, sources: dict) -> _Entry:
     return _Entry(key=key, profile=profile, aliases=tuple(raw.get("aliases", [])), patterns=patterns)
 
 
-def _figure(where: str, raw: Any, unit: str, sources: dict) -> Figure:
+def _figure(where: str, raw: Any, unit: FigureUnit, sources: dict) -> Figure:
     """`{value, src, where, note}` or `{unknown = "why"}` -> a Figure with its full source text."""
     if raw is None:
         raise CatalogError(f"{where}: missing; give a sourced value or `{{ unknown = \"why\" }}`")

@@ -35,7 +35,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
@@ -256,7 +256,7 @@ def _problem(source: str, lines: dict, loc: tuple, value: Any, problem: str) -> 
     return err
 
 
-def _pydantic_problem(source: str, lines: dict, data: dict, e: dict) -> ClusterSpecError:
+def _pydantic_problem(source: str, lines: dict, data: dict, e: Mapping[str, Any]) -> ClusterSpecError:
     loc = tuple(e["loc"])
     value = e.get("input", value_at(data, loc))
     problem = e["msg"]

@@ -29,8 +29,8 @@ class MatmulFigure(BaseModel):
     flops_per_s: float = Field(gt=0, description="2 m n k / median seconds")
     seconds_median: float = Field(gt=0)
     repeats: int = Field(ge=1)
-    fraction_of_peak: Optional[float] = Field(default=None, ge=0,
-                                              description="flops_per_s / the profile's peak (None: unknown or emulated)")
+    fraction_of_peak: Optional[float] = Field(
+        default=None, ge=0, description="flops_per_s / the profile's peak (None: unknown or emulated)")
 
 
 class BandwidthFigure(BaseModel):

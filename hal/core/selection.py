@@ -1,4 +1,4 @@
-"""`hal.core.selection`: chip selection and the bound per-process accelerator (`hal.accelerator()`), resolved and bound once.
+"""`hal.core.selection`: chip selection and the per-process accelerator (`hal.accelerator()`), bound once.
 
 Chip selection, first match wins:
 1. the explicit `chip=` argument, else `HAL_CHIP` (native; `HAL_CHIP=ascend HAL_EMULATE=ascend` to emulate);
@@ -16,22 +16,24 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
-import uuid
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
+from hal import envs
 from hal.contract.capabilities import CapabilityMatrix
 from hal.contract.chips import ChipProfile, ChipSpec
-from hal.emulation.emulate import (chips_in_map, create_cpu_process_group, emulated_capabilities,
-                        emulated_chip_for_rank, dilation_for, dilation_requested)
 from hal.contract.errors import ChipSelectionError, ChipUnavailableError
 from hal.contract.kernel import OP_NAMES, OpKernel
-from hal.core.plugin_manager import PluginManager, get_plugin_manager
 from hal.contract.runtime import DeviceRuntime
+from hal.core.cluster import load_cluster_spec
+from hal.core.plugin_manager import PluginManager, get_plugin_manager
+from hal.emulation.emulate import (chips_in_map, create_cpu_process_group, dilation_for, dilation_requested,
+                                   emulated_capabilities, emulated_chip_for_rank)
 from hal.emulation.runtime import EmulatedRuntime
 
 
@@ -45,20 +47,20 @@ class Selection:
     model: Optional[str] = None
 
 
-def _env_int(env: dict, name: str, default: int) -> int:
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
     try:
         return int(env.get(name, default))
     except ValueError:
         raise ChipSelectionError(f"{name}={env.get(name)!r} is not an integer") from None
 
 
-def select_chip(pm: PluginManager, chip: Optional[str] = None, env: Optional[dict] = None) -> Selection:
+def select_chip(pm: PluginManager, chip: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Selection:
     """Decide this rank's chip by the order in the module docstring."""
     env = os.environ if env is None else env
     rank = _env_int(env, "RANK", 0)
     world = _env_int(env, "WORLD_SIZE", 0) or None
-    emulate = (env.get("HAL_EMULATE") or "").strip()
-    explicit = chip or (env.get("HAL_CHIP") or "").strip() or None
+    emulate = envs.HAL_EMULATE.text(env)
+    explicit = chip or envs.HAL_CHIP.text(env) or None
     if explicit:
         pm.chip(explicit)  # UnknownChipError names the known chips
         if emulate and explicit in chips_in_map(emulate):
@@ -68,9 +70,8 @@ def select_chip(pm: PluginManager, chip: Optional[str] = None, env: Optional[dic
         name = emulated_chip_for_rank(emulate, rank, world)
         pm.chip(name)
         return Selection(name, True, f"HAL_EMULATE={emulate!r}, rank {rank}")
-    cluster_path = (env.get("HAL_CLUSTER") or "").strip()
+    cluster_path = envs.HAL_CLUSTER.text(env)
     if cluster_path:
-        from hal.core.cluster import load_cluster_spec
         spec = load_cluster_spec(cluster_path)
         if world is not None and world != spec.world_size:
             raise ChipSelectionError(f"cluster spec {cluster_path} has world size {spec.world_size} but "
@@ -112,7 +113,7 @@ def _warn_host_default(chip: str, plugin: str) -> None:
 class Accelerator:
     """The bound chip of this process. Attributes mirror torch.accelerator / torch.cuda names."""
 
-    def __init__(self, pm: PluginManager, selection: Selection, env: Optional[dict] = None):
+    def __init__(self, pm: PluginManager, selection: Selection, env: Optional[Mapping[str, str]] = None):
         env = os.environ if env is None else env
         self.selection = selection
         self.chip: ChipSpec = pm.chip(selection.chip)
@@ -169,16 +170,15 @@ class Accelerator:
         self.device: torch.device = runtime.device()
         self.kernels: dict[str, OpKernel] = self._select_kernels(pm)
 
-    def _dilation(self, pm: PluginManager, env: dict) -> float:
+    def _dilation(self, pm: PluginManager, env: Mapping[str, str]) -> float:
         if not dilation_requested(env):
             return 1.0
         # Peers: the chips this job mixes, from HAL_EMULATE or else the cluster spec (with models).
-        emulate = (env.get("HAL_EMULATE") or "").strip()
-        cluster_path = (env.get("HAL_CLUSTER") or "").strip()
+        emulate = envs.HAL_EMULATE.text(env)
+        cluster_path = envs.HAL_CLUSTER.text(env)
         if emulate:
             peers = [pm.profile(c).peak("bfloat16") for c in chips_in_map(emulate)]
         elif cluster_path:
-            from hal.core.cluster import load_cluster_spec
             spec = load_cluster_spec(cluster_path)
             peers = [pm.profile(s.chip, s.model).peak("bfloat16") for s in spec.sub_clusters]
         else:
@@ -258,7 +258,7 @@ def agree_group_identity(store: Any, rank: int, world_size: int, timeout: timede
     return store.get(keys[0]).decode(), [int(store.get(k)) for k in keys[1:]]
 
 
-def _timed_clock(chip: str, profile: ChipProfile, env: dict):
+def _timed_clock(chip: str, profile: ChipProfile, env: Mapping[str, str]):
     """The timed-emulation clock HAL_EMULATE_TIMED asks for (hal.emulation.timed), or None; with
     HAL_EMULATE_DILATION also on, a TimedEmulationError (the two slow a chip down two different ways)."""
     from hal.emulation import timed
@@ -266,8 +266,8 @@ def _timed_clock(chip: str, profile: ChipProfile, env: dict):
         return None
     if dilation_requested(env):
         raise timed.TimedEmulationError(
-            f"HAL_EMULATE_TIMED={env.get('HAL_EMULATE_TIMED')!r} and HAL_EMULATE_DILATION="
-            f"{env.get('HAL_EMULATE_DILATION')!r} are exclusive: timed emulation replaces dilation (unset one)")
+            f"HAL_EMULATE_TIMED={envs.HAL_EMULATE_TIMED.text(env)!r} and HAL_EMULATE_DILATION="
+            f"{envs.HAL_EMULATE_DILATION.text(env)!r} are exclusive: timed emulation replaces dilation (unset one)")
     return timed.clock_from_env(chip, profile, env)
 
 

@@ -229,7 +229,7 @@ def links_for(chip: str, model: Optional[str], intra: Optional[float] = None,
         fig = getattr(prof, name) if prof is not None else None
         if override is not None:
             out.append(Link(float(override), "spec"))
-        elif fig is not None and fig.known:
+        elif prof is not None and fig is not None and fig.known:
             out.append(Link(float(fig.value), f"catalog:{prof.model}"))
         else:
             out.append(Link(default, dsrc))

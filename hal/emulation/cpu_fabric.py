@@ -34,6 +34,6 @@ def cpu_fabric_capabilities(backend: str = "gloo", chip: str = "cpu") -> Capabil
         raise ValueError(f"cpu_fabric_capabilities: backend {backend!r} is not a CPU fabric; expected "
                          f"'gloo', 'shm' or 'auto'")
     name = f"{backend}_capabilities.json"
-    data = json.loads(resources.files("hal").joinpath("data", name).read_text())
+    data = json.loads((resources.files("hal") / "data" / name).read_text())
     return CapabilityMatrix(chip=chip, entries=frozenset(tuple(e) for e in data["entries"]),
                             source=data["source"])

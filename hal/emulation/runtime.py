@@ -197,7 +197,7 @@ class EmulatedRuntime(CpuRuntime):
         self._last_cpu = time.process_time()
         if clock is not None:
             self.synchronize = self._timed_synchronize  # type: ignore[method-assign]
-            self.Event = type("TimedEvent", (TimedEvent,), {"_clock": clock})
+            self.Event = type("TimedEvent", (TimedEvent,), {"_clock": clock})  # type: ignore[assignment]
         elif dilation > 1.0:
             self.synchronize = self._dilated_synchronize  # type: ignore[method-assign]
 

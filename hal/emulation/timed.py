@@ -61,18 +61,18 @@ with `HAL_EMULATE_DILATION`.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hal import envs
 from hal.contract.chips import DTYPE_KEYS, ChipProfile
 from hal.emulation.timed_cost import (ASSUMED, DEFAULT_DTYPE, DEFAULT_EFFICIENCY, DEFAULT_MEMORY_BW,  # noqa: F401 - API
                          Speeds, TimedEmulationError, chip_speeds, op_bytes, op_cost, op_flops, trace_cost)
@@ -80,13 +80,11 @@ from hal.emulation.timed_cost import _FREE, aten
 
 _log = logging.getLogger(__name__)
 
-# Default time scale: the emulated chip runs this many times slower than the real one. Chosen so that
-# 8 ranks of the trainer's tiny model (examples/train/tiny.toml on cuda:4,ascend:4) on this 2-core
-# host keep the host ahead of the fastest catalogued chip (H100), the dispatch mode's own per-op cost
-# included: at 2e5 two ranks overran by 37 ms in one step of 8 at load average ~20 (other jobs on
-# the host); at 3e5 none did in 2 x 16 steps of two runs side by side (docs/performance.md, "Timed
-# emulation"). A larger model has more device time per host op and can use a smaller scale.
-DEFAULT_TIME_SCALE = 3.0e5
+# Default time scale (declared in hal.envs): the emulated chip runs this many times slower than the real
+# one, so that the host, the dispatch mode's own per-op cost included, stays ahead of the fastest
+# catalogued chip (H100) with the trainer's tiny model on 8 ranks of a 2-core host (docs/performance.md,
+# "Timed emulation"). A larger model has more device time per host op and can use a smaller scale.
+DEFAULT_TIME_SCALE = envs.HAL_EMULATE_TIME_SCALE.default
 # An arrival later than device_t by less than this is sleep/wake-up jitter, not an overrun.
 OVERRUN_TOLERANCE_S = 2e-4
 # stats()["max_host_fraction"] looks at spans between hard synchronisations with at least this much
@@ -120,6 +118,20 @@ class VirtualClock:
 
     `now` and `sleep` are injectable (tests use a fake clock; nothing in a test sleeps for real)."""
 
+    # statistics since reset_stats()
+    _busy: float
+    _overrun_s: float
+    _slept: float
+    _host_gap_s: float
+    _host_fraction: float
+    _soft_late_s: float
+    _waits: dict[str, float]
+    _overruns: int
+    _ops: int
+    _syncs: int
+    _flops: float
+    _bytes: float
+
     def __init__(self, chip: str, speeds: Speeds, *, dtype: str = DEFAULT_DTYPE, scale: float = 1.0,
                  now: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
                  record: bool = False):
@@ -146,9 +158,12 @@ class VirtualClock:
         now = self._now()
         if self.device_t is None:
             self._mark(now)
-        elif now - self.device_t > self._behind:  # the device would have gone idle waiting for this op
-            self._behind = now - self.device_t
-        self.device_t += cost
+            start = now
+        else:
+            start = self.device_t
+            if now - start > self._behind:  # the device would have gone idle waiting for this op
+                self._behind = now - start
+        self.device_t = start + cost
         self._interval_busy += cost
         self._busy += cost
         self._ops += 1
@@ -161,12 +176,17 @@ class VirtualClock:
         self.device_t = t
         self._interval_start, self._interval_busy, self._behind = t, 0.0, 0.0
 
+    def _started(self, now: float) -> float:
+        """`device_t`, starting the timeline at `now` if nothing was charged yet."""
+        if self.device_t is None:
+            self._mark(now)
+            return now
+        return self.device_t
+
     def device_time(self) -> float:
         """Where the emulated device's work ends, in `now()`'s seconds (an event records this)."""
         self._poll()
-        if self.device_t is None:
-            self._mark(self._now())
-        return self.device_t
+        return self._started(self._now())
 
     def idle(self) -> None:
         """The host knowingly did work outside torch ops (I/O, a checkpoint, data loading) and the
@@ -190,14 +210,12 @@ class VirtualClock:
         device less than the host's per-op overhead, and would otherwise leak into the timeline."""
         self._poll()
         now = self._now()
-        if self.device_t is None:  # nothing charged yet: nothing to wait for
-            self._mark(now)
-        if until is not None and until < self.device_t:  # an event: wait for it, nothing else
+        target = self._started(now)  # nothing charged yet: nothing to wait for
+        if until is not None and until < target:  # an event: wait for it, nothing else
             if now < until:
                 self._sleep(until - now)
                 self._slept += until - now
             return
-        target = self.device_t
         if soft and now >= target:
             self._soft_late_s += now - target
             return
@@ -304,9 +322,9 @@ class VirtualClock:
     def reset_stats(self) -> None:
         self._busy = self._overrun_s = self._slept = self._host_gap_s = self._host_fraction = 0.0
         self._soft_late_s = 0.0
-        self._waits: dict[str, float] = {}
+        self._waits = {}
         self._overruns = self._ops = self._syncs = 0
-        self._flops = self._bytes = 0
+        self._flops = self._bytes = 0.0
 
     def __repr__(self) -> str:
         return f"VirtualClock({self.chip!r}, {self.dtype}, scale {self.scale:g})"
@@ -515,41 +533,18 @@ def uninstall() -> None:
     _INSTALLED = _INSTALLED_THREAD = None
 
 
-# ---- configuration from the environment ----------------------------------------------------------
-_OFF = ("", "0", "false", "no", "off")
-_ON = ("1", "true", "yes", "on")
+# ---- configuration from the environment (declared in hal.envs) -------------------------------------
+def timed_requested(env: Optional[Mapping[str, str]] = None) -> bool:
+    return envs.HAL_EMULATE_TIMED.get(env, error=TimedEmulationError)
 
 
-def timed_requested(env: Optional[dict] = None) -> bool:
-    env = os.environ if env is None else env
-    text = (env.get("HAL_EMULATE_TIMED") or "").strip().lower()
-    if text in _OFF:
-        return False
-    if text in _ON:
-        return True
-    raise TimedEmulationError(f"HAL_EMULATE_TIMED={env.get('HAL_EMULATE_TIMED')!r}: expected 1/0 (or true/false, "
-                              f"yes/no, on/off)")
+def time_scale(env: Optional[Mapping[str, str]] = None) -> float:
+    """HAL_EMULATE_TIME_SCALE: how many times slower than the real chip the emulated one runs."""
+    return envs.HAL_EMULATE_TIME_SCALE.get(env, error=TimedEmulationError)
 
 
-def time_scale(env: Optional[dict] = None) -> float:
-    env = os.environ if env is None else env
-    text = (env.get("HAL_EMULATE_TIME_SCALE") or "").strip()
-    if not text:
-        return DEFAULT_TIME_SCALE
-    try:
-        value = float(text)
-    except ValueError:
-        raise TimedEmulationError(f"HAL_EMULATE_TIME_SCALE={text!r} is not a number (the emulated chip runs "
-                                  f"this many times slower than the real one; default {DEFAULT_TIME_SCALE:g})") from None
-    if not (math.isfinite(value) and value > 0):
-        raise TimedEmulationError(f"HAL_EMULATE_TIME_SCALE={text!r} must be a finite number > 0 "
-                                  f"(default {DEFAULT_TIME_SCALE:g})")
-    return value
-
-
-def charge_dtype(env: Optional[dict] = None) -> str:
-    env = os.environ if env is None else env
-    text = (env.get("HAL_EMULATE_TIMED_DTYPE") or "").strip() or DEFAULT_DTYPE
+def charge_dtype(env: Optional[Mapping[str, str]] = None) -> str:
+    text = envs.HAL_EMULATE_TIMED_DTYPE.get(env)
     if text not in DTYPE_KEYS:
         raise TimedEmulationError(f"HAL_EMULATE_TIMED_DTYPE={text!r} is not one of {DTYPE_KEYS}")
     return text
@@ -572,14 +567,13 @@ def _matrix_for(path_text: str, chip: str, model: str) -> Any:
     return None
 
 
-def clock_from_env(chip: str, profile: ChipProfile, env: Optional[dict] = None,
+def clock_from_env(chip: str, profile: ChipProfile, env: Optional[Mapping[str, str]] = None,
                    **clock_kw: Any) -> Optional[VirtualClock]:
     """The clock `HAL_EMULATE_TIMED` asks for on an emulated `chip` with `profile`, or None (off)."""
-    env = os.environ if env is None else env
     if not timed_requested(env):
         return None
     scale, dtype = time_scale(env), charge_dtype(env)
-    mpath = (env.get("HAL_EMULATE_TIMED_MATRIX") or "").strip()
+    mpath = envs.HAL_EMULATE_TIMED_MATRIX.text(env)
     matrix = _matrix_for(mpath, chip, profile.model) if mpath else None
     return VirtualClock(chip, chip_speeds(profile, dtype, scale, matrix=matrix), dtype=dtype, scale=scale,
                         **clock_kw)

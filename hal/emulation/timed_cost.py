@@ -1,4 +1,5 @@
-"""What an op costs on a timed-emulated chip (hal.emulation.timed): the chip's speeds, the one formula, and an op's FLOPs and bytes.
+"""What an op costs on a timed-emulated chip (hal.emulation.timed): the chip's speeds, the one formula, and
+an op's FLOPs and bytes.
 
     cost(op) = max(flops(op) / F, bytes(op) / B)        F, B = chip_speeds(chip, dtype, scale)
 
@@ -13,6 +14,7 @@ from typing import Any, NamedTuple, Optional, Union
 
 import torch
 
+from hal import envs
 from hal.contract.chips import DTYPE_KEYS, ChipProfile
 from hal.contract.errors import HalError
 
@@ -34,7 +36,7 @@ ASSUMED: dict[str, dict[str, tuple[float, str]]] = {
     },
 }
 DEFAULT_MEMORY_BW = (1.5e12, "default: 1.5 TB/s")
-DEFAULT_DTYPE = "bfloat16"
+DEFAULT_DTYPE = envs.HAL_EMULATE_TIMED_DTYPE.default
 
 
 class TimedEmulationError(HalError, ValueError):

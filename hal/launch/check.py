@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from hal import envs
 from hal.contract.errors import HalError
 
 # Ranks one machine may be asked to start: far above any laptop or 8-GPU node, far below a typo.
@@ -110,7 +111,7 @@ def _plugin_manager(env: dict):
     try:
         pm.load_entry_points(env)
     except HalError as exc:
-        raise LaunchError(f"HAL_PLUGINS={env.get('HAL_PLUGINS', '')!r}: {exc}" if env.get("HAL_PLUGINS")
+        raise LaunchError(f"HAL_PLUGINS={env.get('HAL_PLUGINS', '')!r}: {exc}" if envs.HAL_PLUGINS.is_set(env)
                           else f"loading plugins: {type(exc).__name__}: {exc}") from None
     return pm
 
@@ -125,9 +126,10 @@ def _emulate_count(where: str, text: str, pm) -> Optional[int]:
     for chip, _ in items:
         if chip not in pm.chips:
             raise LaunchError(f"{where}: no plugin provides chip {chip!r}; known chips: {sorted(pm.chips)}")
-    if items[0][1] is None:
+    counts = [c for _, c in items]
+    if any(c is None for c in counts):
         return None
-    return sum(c for _, c in items)
+    return sum(c for c in counts if c is not None)
 
 
 def check_emulate_map(where: str, text: str, environ: Optional[dict] = None) -> Optional[int]:
@@ -160,7 +162,7 @@ def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
         emulate = None
     elif emulate is not None:
         where = emulate_label or f"--emulate {emulate}"
-    elif not any((env.get(k) or "").strip() for k in CHIP_ENV):
+    elif not any(envs.VARIABLES[k].text(env) for k in CHIP_ENV):
         emulate = default_emulate(nproc)
     if emulate is not None:
         env["HAL_EMULATE"] = emulate
@@ -171,9 +173,10 @@ def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
     pm = _plugin_manager(env)
 
     world = None
-    if (env.get("HAL_EMULATE") or "").strip():
-        world = _emulate_count(where or f"HAL_EMULATE={env['HAL_EMULATE']!r}", env["HAL_EMULATE"], pm)
-    cluster = (env.get("HAL_CLUSTER") or "").strip()
+    emulate_map = envs.HAL_EMULATE.text(env)
+    if emulate_map:
+        world = _emulate_count(where or f"HAL_EMULATE={env['HAL_EMULATE']!r}", emulate_map, pm)
+    cluster = envs.HAL_CLUSTER.text(env)
     cluster_label = cluster_label or f"HAL_CLUSTER={cluster}"
     if cluster:
         from hal.core.cluster import load_cluster_spec
@@ -181,17 +184,17 @@ def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
             spec = load_cluster_spec(cluster, pm)
         except HalError as exc:
             raise LaunchError(f"{cluster_label}: {exc}") from None
-        if world is None and not (env.get("HAL_CHIP") or "").strip():
+        if world is None and not envs.HAL_CHIP.is_set(env):
             world = spec.world_size
             if world > MAX_LOCAL_RANKS:
                 raise LaunchError(f"{cluster_label}: the spec has {world} ranks over {spec.num_nodes} "
                                   f"nodes; this command starts ranks on this machine only (at most "
                                   f"{MAX_LOCAL_RANKS}); launch each node with torchrun instead")
-    chip = (env.get("HAL_CHIP") or "").strip()
+    chip = envs.HAL_CHIP.text(env)
     if chip and chip not in pm.chips:
         raise LaunchError(f"HAL_CHIP={chip!r}: no plugin provides this chip; known chips: {sorted(pm.chips)}")
     if world is not None and nproc is not None and world != nproc:
-        what = where or (f"HAL_EMULATE={env['HAL_EMULATE']!r}" if env.get("HAL_EMULATE")
+        what = where or (f"HAL_EMULATE={env['HAL_EMULATE']!r}" if emulate_map
                          else cluster_label)
         raise LaunchError(f"{nproc_label} {nproc}, but {what} names {world} ranks; "
                           + ("drop --nproc or make them agree" if nproc_label == "--nproc" else "make them agree"))
@@ -232,14 +235,14 @@ def report_rank_failure(exc: BaseException) -> None:
     rank = os.environ.get("RANK", "?")
     chip = "?"
     try:  # the chip this rank was given, by hal.core.selection's order (HAL_CHIP, HAL_EMULATE, HAL_CLUSTER)
-        if os.environ.get("HAL_CHIP"):
-            chip = os.environ["HAL_CHIP"]
-        elif os.environ.get("HAL_EMULATE"):
+        if envs.HAL_CHIP.is_set():
+            chip = envs.HAL_CHIP.text()
+        elif envs.HAL_EMULATE.is_set():
             from hal.emulation.emulate import emulated_chip_for_rank
-            chip = emulated_chip_for_rank(os.environ["HAL_EMULATE"], int(rank))
-        elif os.environ.get("HAL_CLUSTER"):
+            chip = emulated_chip_for_rank(envs.HAL_EMULATE.text(), int(rank))
+        elif envs.HAL_CLUSTER.is_set():
             from hal.core.cluster import load_cluster_spec
-            chip = load_cluster_spec(os.environ["HAL_CLUSTER"]).assignment(int(rank)).chip
+            chip = load_cluster_spec(envs.HAL_CLUSTER.text()).assignment(int(rank)).chip
     except Exception:  # noqa: BLE001 - the report must not hide the real error
         pass
     msg = " ".join(str(exc).split())[:500]

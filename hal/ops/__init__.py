@@ -2,8 +2,9 @@
 
 Each function below is a one-line forwarder to a module global (`_linear`, ...) that `bind()`
 sets from the accelerator's kernel table whenever hal.core.selection binds one (this module registers
-with `selection.on_bind`); before that it points at a stub that binds the accelerator and retries. So a call costs one Python call and one global lookup, nothing more:
-no plugin lookup, no dict access (`benchmarks/dispatch.py` measures it).
+with `selection.on_bind`: it sits above selection); before that it points at a stub that binds the
+accelerator and retries. So a call costs one Python call and one global lookup, nothing more: no
+plugin lookup, no dict access (`benchmarks/dispatch.py` measures it).
 """
 from __future__ import annotations
 

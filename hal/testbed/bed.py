@@ -41,24 +41,31 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import secrets
 import select
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from hal import envs
+
 from .errors import TestbedSetupError, TestbedSpecError, TestbedUnavailable
 from .spec import BedSpec, LinkShape
 
-STATE_DIR = Path(os.environ.get("HAL_TESTBED_STATE_DIR", "/run/hal-testbed"))
 NS_PREFIX = "hal-tb"
 _TABLE_BASE = 100   # policy routing table of NIC i: _TABLE_BASE + i
 _LIVE: dict[str, "Testbed"] = {}   # beds this process owns and must take down on exit
+_log = logging.getLogger(__name__)
+
+
+def state_dir() -> Path:
+    """Where the state of the beds brought up on this machine is kept (HAL_TESTBED_STATE_DIR)."""
+    return Path(envs.HAL_TESTBED_STATE_DIR.get())
 
 
 def check_available() -> None:
@@ -125,7 +132,7 @@ class Testbed:
 
     @property
     def state_file(self) -> Path:
-        return STATE_DIR / f"{self.name}.json"
+        return state_dir() / f"{self.name}.json"
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def __enter__(self) -> "Testbed":
@@ -372,8 +379,9 @@ class Testbed:
         """{nic: (tx_bytes, rx_bytes)} of a host's NICs, read in its namespace."""
         out = {}
         for i in range(self.spec.ranks[host]):
-            r = _sh(["ip", "netns", "exec", self.netns(host), "cat", f"/sys/class/net/{self.nic(i)}/statistics/tx_bytes",
-                     f"/sys/class/net/{self.nic(i)}/statistics/rx_bytes"], "read NIC counters")
+            stats = f"/sys/class/net/{self.nic(i)}/statistics"
+            r = _sh(["ip", "netns", "exec", self.netns(host), "cat", f"{stats}/tx_bytes", f"{stats}/rx_bytes"],
+                    "read NIC counters")
             tx, rx = (int(v) for v in r.stdout.split())
             out[self.nic(i)] = (tx, rx)
         return out
@@ -393,7 +401,7 @@ class Testbed:
 
     # ---- state file (for `hal testbed` across commands and for sweeping a dead owner's bed) ------
     def _write_state(self) -> None:
-        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        state_dir().mkdir(parents=True, exist_ok=True)
         state = {"name": self.name, "owner_pid": os.getpid(), "persistent": self.persistent, "up": self.is_up,
                  "ranks": list(self.spec.ranks), "subnet": self.spec.subnet, "chips": list(self.spec.chips),
                  "links": [[[s.rate_bps, s.delay_ms, s.loss, s.queue_ms] for s in l] for l in self.spec.links],
@@ -405,7 +413,7 @@ class Testbed:
     @classmethod
     def attach(cls, name: str) -> "Testbed":
         """The bed `name` brought up by another process (`hal testbed up`)."""
-        path = STATE_DIR / f"{name}.json"
+        path = state_dir() / f"{name}.json"
         try:
             state = json.loads(path.read_text())
         except FileNotFoundError:
@@ -421,7 +429,7 @@ class Testbed:
 
 
 def list_beds() -> list[str]:
-    return sorted(p.stem for p in STATE_DIR.glob("*.json")) if STATE_DIR.exists() else []
+    return sorted(p.stem for p in state_dir().glob("*.json")) if state_dir().exists() else []
 
 
 def sweep_stale() -> list[str]:
@@ -429,7 +437,7 @@ def sweep_stale() -> list[str]:
     swept = []
     for name in list_beds():
         try:
-            state = json.loads((STATE_DIR / f"{name}.json").read_text())
+            state = json.loads((state_dir() / f"{name}.json").read_text())
         except (OSError, ValueError):
             continue
         if not state.get("persistent") and not _alive(int(state.get("owner_pid", 0))):
@@ -465,7 +473,7 @@ def _down_all() -> None:
             try:
                 bed.down()
             except Exception as exc:  # keep going: the other beds must still come down
-                print(f"testbed: taking down bed {bed.name} failed: {exc}", file=sys.stderr)
+                _log.warning("taking down bed %s failed: %s", bed.name, exc)
 
 
 def _on_signal(signum, frame) -> None:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import sys
 
+from hal import envs
+
 
 def nic_for_local_rank(nics: str, local_rank: int) -> str:
     names = [n.strip() for n in nics.split(",") if n.strip()]
@@ -29,7 +31,7 @@ def nic_for_local_rank(nics: str, local_rank: int) -> str:
 
 
 def main(argv: list[str]) -> None:
-    nics = os.environ.get("HAL_RANK_NICS", "")
+    nics = envs.HAL_RANK_NICS.text()
     if nics:
         os.environ["GLOO_SOCKET_IFNAME"] = nic_for_local_rank(nics, int(os.environ.get("LOCAL_RANK", "0")))
     if not argv:

@@ -20,7 +20,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 
 def free_port() -> int:
@@ -91,12 +91,12 @@ class WorkerPool:
         lws = local_world_size or world_size
         ctx = mp.get_context("spawn")
         self._conns: list[Connection] = []
-        self._procs: list[mp.Process] = []
+        self._procs: list[Any] = []  # spawn-context processes
         for rank in range(world_size):
             base = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank % lws),
                     "LOCAL_WORLD_SIZE": str(lws), "GROUP_RANK": str(rank // lws),
                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.port)}
-            extra = env[rank] if isinstance(env, (list, tuple)) else (env or {})
+            extra: dict = dict(env or {}) if env is None or isinstance(env, Mapping) else env[rank]
             base.update({k: str(v) for k, v in extra.items()})
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, args=(rank, base, child), daemon=True,
@@ -119,14 +119,15 @@ class WorkerPool:
             self._conns[r].send(msg)
         outcomes: dict[int, Outcome] = {}
         deadline = time.monotonic() + timeout
-        pending = {self._conns[r]: r for r in ranks}
+        pending: dict[Any, int] = {self._conns[r]: r for r in ranks}
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.close(kill=True)
                 raise TimeoutError(f"{fn.__qualname__} did not finish within {timeout}s on ranks "
                                    f"{sorted(pending.values())}; pool killed")
-            for conn in wait(list(pending), timeout=min(left, 1.0)):
+            for ready in wait(list(pending), timeout=min(left, 1.0)):
+                conn: Any = ready
                 r = pending.pop(conn)
                 try:
                     outcomes[r] = conn.recv()

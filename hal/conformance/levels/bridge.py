@@ -34,10 +34,10 @@ def bridge_spec(target: Target) -> WorkerSpec:
 
 
 def _available() -> tuple[bool, str]:
-    if importlib.util.find_spec("ccl_bridge") is None:
+    if importlib.util.find_spec("hal.ccl_bridge") is None:
         return False, "ccl_bridge not available"
     try:
-        import hal.ccl_bridge
+        from hal import ccl_bridge
     except Exception as exc:
         return False, f"ccl_bridge not available (import failed: {type(exc).__name__}: {exc})"
     if not callable(getattr(ccl_bridge, "create", None)):

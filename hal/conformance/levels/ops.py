@@ -29,7 +29,6 @@ def _cases(op: str, dtype, seed: int, large: bool):
 
 def check_op(ctx, op: str, dtype_name: str, reference: bool) -> Passed:
     import torch
-    from hal.ops import golden
     from hal.ops.reference import KERNELS
 
     dtype = getattr(torch, dtype_name)

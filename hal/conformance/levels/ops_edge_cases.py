@@ -1,12 +1,12 @@
 """Edge-case inputs the conformance ops level adds to `hal.ops.golden`'s cases: empty and large.
 
-`hal.ops.golden.cases` covers odd sizes, non-contiguous views and each op's options; this adds a
-`range` case per op where inputs far from order 1 stay within the tolerance table (see
-`range_cases`). A vendor kernel also meets empty batches (a rank with no tokens after routing, a pipeline stage's empty micro-batch)
-and large rows (hidden 4096, vocab chunks), where tiling and reduction-tree bugs show. "Large" stays
-within the tolerance table's MAX_REDUCTION (4096): reductions are at most 4096 long, and inputs are
-scaled so outputs are of order 1, as the table assumes. Sizes are odd where the op allows, to hit
-remainder tiles. Cases are `hal.ops.golden.OpCase`s, so the golden and the comparison are A's.
+`hal.ops.golden.cases` covers odd sizes, non-contiguous views and each op's options; this adds a `range`
+case per op where inputs far from order 1 stay within the tolerance table (see `range_cases`). A vendor
+kernel also meets empty batches (a rank with no tokens after routing, a pipeline stage's empty
+micro-batch) and large rows (hidden 4096, vocab chunks), where tiling and reduction-tree bugs show.
+"Large" stays within the tolerance table's MAX_REDUCTION (4096): reductions are at most 4096 long, and
+inputs are scaled so outputs are of order 1, as the table assumes. Sizes are odd where the op allows, to
+hit remainder tiles. Cases are `hal.ops.golden.OpCase`s, so the golden and the comparison are A's.
 """
 from __future__ import annotations
 
@@ -57,17 +57,20 @@ def edge_cases(op: str, d: torch.dtype, seed: int = 0, large: bool = True) -> li
             _case(op, "empty_m", d, seed, lambda g, dev: ((_r(g, (0, 16), d, dev), _r(g, (16, 7), d, dev)), {})),
             # K = 0: the product of an empty sum is all zeros, of shape (M, N).
             _case(op, "empty_k", d, seed, lambda g, dev: ((_r(g, (5, 0), d, dev), _r(g, (0, 7), d, dev)), {})),
-            _case(op, "large", d, seed, lambda g, dev: ((_r(g, (67, K), d, dev), _r(g, (K, 131), d, dev, K ** -0.5)), {})),
+            _case(op, "large", d, seed,
+                  lambda g, dev: ((_r(g, (67, K), d, dev), _r(g, (K, 131), d, dev, K ** -0.5)), {})),
         ],
         "rms_norm": [
             _case(op, "empty", d, seed, lambda g, dev: ((_r(g, (0, 64), d, dev), _r(g, (64,), d, dev, 0.1, 1.0)), {})),
-            _case(op, "large", d, seed, lambda g, dev: ((_r(g, (33, H), d, dev, 2.0), _r(g, (H,), d, dev, 0.1, 1.0)), {})),
+            _case(op, "large", d, seed,
+                  lambda g, dev: ((_r(g, (33, H), d, dev, 2.0), _r(g, (H,), d, dev, 0.1, 1.0)), {})),
         ],
         "layer_norm": [
             _case(op, "empty", d, seed, lambda g, dev: ((_r(g, (0, 64), d, dev), _r(g, (64,), d, dev, 0.1, 1.0),
                                                          _r(g, (64,), d, dev, 0.1)), {})),
-            _case(op, "large", d, seed, lambda g, dev: ((_r(g, (33, H), d, dev, 1.0, 3.0), _r(g, (H,), d, dev, 0.1, 1.0),
-                                                         _r(g, (H,), d, dev, 0.1)), {})),
+            _case(op, "large", d, seed,
+                  lambda g, dev: ((_r(g, (33, H), d, dev, 1.0, 3.0), _r(g, (H,), d, dev, 0.1, 1.0),
+                                   _r(g, (H,), d, dev, 0.1)), {})),
         ],
         "softmax": [
             _case(op, "empty", d, seed, lambda g, dev: ((_r(g, (0, 37), d, dev),), {})),
@@ -137,8 +140,8 @@ def range_cases(op: str, d: torch.dtype, seed: int = 0) -> list[OpCase]:
         "silu": lambda g, dev: ((_r(g, (5, 37), d, dev, 1e3),), {}),
         "gelu": lambda g, dev: ((_r(g, (5, 37), d, dev, 1e3),), {}),
         "swiglu": lambda g, dev: ((_r(g, (5, 38), d, dev, 100.0),), {}),
-        "embedding": lambda g, dev: ((torch.randint(0, 50, (23,), generator=g).to(dev), _whole_range(g, (50, 16), d, dev)),
-                                     {}),
+        "embedding": lambda g, dev: ((torch.randint(0, 50, (23,), generator=g).to(dev),
+                                      _whole_range(g, (50, 16), d, dev)), {}),
     }.get(op)
     return [_case(op, "range", d, seed, make)] if make else []
 

@@ -15,13 +15,16 @@ HAL_SHM_SPIN_US (bounded spin before sleeping, default 20).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch.distributed as dist
 
 from hal.emulation.shm.errors import (ShmAbortedError, ShmError, ShmMismatchError, ShmPeerDiedError, ShmSetupError,
                      ShmTimeoutError, ShmUnsupportedError)
 from hal.emulation.shm.host import all_on_one_host, describe_hosts, exchange_identities
+
+if TYPE_CHECKING:
+    from hal.emulation.shm.process_group import ShmProcessGroup
 
 BACKEND_NAME = "shm"
 
@@ -35,8 +38,8 @@ def available() -> tuple[bool, str]:
     try:
         from hal.emulation.shm import _shm  # noqa: F401
     except ImportError as exc:
-        return False, (f"hal.emulation.shm._shm did not import ({exc}): this install has no shared-memory fabric (built "
-                       f"with HAL_BUILD_SHM=0, or without a compiler); to get it, reinstall with a C++17 "
+        return False, (f"hal.emulation.shm._shm did not import ({exc}): this install has no shared-memory "
+                       f"fabric (built with HAL_BUILD_SHM=0, or without a compiler); to get it, reinstall with a C++17 "
                        f"compiler and HAL_BUILD_SHM unset (`pip install .`), or install the project's wheel; "
                        f"meanwhile HAL_CPU_CCL=auto (the default) uses gloo")
     return True, ""

@@ -22,7 +22,7 @@ import atexit
 import threading
 import weakref
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
@@ -162,7 +162,7 @@ class ShmProcessGroup(dist.ProcessGroup):
             self._refuse(opts, t, op)
         return code
 
-    def _refuse(self, opts: Any, t: torch.Tensor, op: str) -> None:
+    def _refuse(self, opts: Any, t: torch.Tensor, op: str) -> NoReturn:
         rop = opts.reduceOp.op
         name = str(rop).split(".")[-1].lower()
         if rop == _R.AVG:

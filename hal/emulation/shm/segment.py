@@ -13,6 +13,7 @@ import secrets
 from datetime import timedelta
 from typing import Any
 
+from hal import envs
 from hal.emulation.shm.errors import ShmSetupError
 
 _PREFIX = "hal_shm_seg"
@@ -27,9 +28,9 @@ def make_config(timeout: timedelta, slot_bytes: int | None = None, p2p_slot_byte
                 spin_us: float | None = None):
     _shm = _native()
     cfg = _shm.Config()
-    cfg.slot_bytes = int(slot_bytes or os.environ.get("HAL_SHM_SLOT_BYTES", cfg.slot_bytes))
-    cfg.p2p_slot_bytes = int(p2p_slot_bytes or os.environ.get("HAL_SHM_P2P_SLOT_BYTES", cfg.p2p_slot_bytes))
-    spin = spin_us if spin_us is not None else os.environ.get("HAL_SHM_SPIN_US")
+    cfg.slot_bytes = int(slot_bytes or envs.HAL_SHM_SLOT_BYTES.get() or cfg.slot_bytes)
+    cfg.p2p_slot_bytes = int(p2p_slot_bytes or envs.HAL_SHM_P2P_SLOT_BYTES.get() or cfg.p2p_slot_bytes)
+    spin = spin_us if spin_us is not None else envs.HAL_SHM_SPIN_US.get()
     if spin is not None:
         cfg.spin_ns = int(float(spin) * 1000)
     cfg.timeout_ms = max(1, int(timeout.total_seconds() * 1000))
