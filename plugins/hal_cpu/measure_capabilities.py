@@ -174,7 +174,8 @@ def _group(rank: int, backend: str, plugin: Optional[str], chip: Optional[str], 
         return dist.ProcessGroupGloo(store, rank, WORLD, timeout), torch.device("cpu"), "--backend gloo", "", "cpu"
     if plugin is None:
         os.environ["HAL_CPU_CCL"] = backend
-        return sdk.create_cpu_process_group(store, rank, WORLD, timeout), torch.device("cpu"), f"--backend {backend}", "", "cpu"
+        group = sdk.create_cpu_process_group(store, rank, WORLD, timeout)
+        return group, torch.device("cpu"), f"--backend {backend}", "", "cpu"
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD))
     pm = sdk.PluginManager()
     pm.load_entry_points(env={"HAL_PLUGINS": plugin})
