@@ -1,6 +1,6 @@
 """Functions the strategy parity tests run on every rank of a WorkerPool (importable by module path).
 
-Each case trains the tiny hal.ops transformer a few SGD steps with one of torch's strategies (DDP,
+Each case trains a small GPT (hal.strategies.models, every op through hal.ops) a few SGD steps with one of torch's strategies (DDP,
 FSDP2, pipelining) on the default process group, then compares what this rank holds with a
 single-process run of the same model and data (same seeds) computed right here on the rank. It returns
 plain floats and strings, so the test process asserts on small picklable values.
@@ -15,9 +15,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from hal.strategies.models import TinyConfig, build_model, lm_loss, make_batches, rank_slice, split_stages
+from hal.strategies.apply import StageModule
+from hal.strategies.models import ModelConfig, build_model, lm_loss, make_batches, rank_slice
 
-CFG = TinyConfig(vocab=64, dim=32, heads=4, layers=4, ffn=64, seq=16)
+CFG = ModelConfig(name="parity", layers=4, hidden=32, heads=4, ffn=64, vocab=64, seq=16)
 MODEL_SEED, DATA_SEED = 0, 1
 STEPS, GLOBAL_BATCH, LR = 4, 8, 0.5
 
@@ -76,6 +77,18 @@ def _world_mean(value: torch.Tensor, group=None) -> float:
     t = value.detach().clone().reshape(1)
     dist.all_reduce(t, group=group)
     return t.item() / dist.get_world_size(group)
+
+
+def split_stages(model, num_stages: int) -> list[StageModule]:
+    """The model's blocks cut into `num_stages` contiguous runs (the first ones one longer when uneven),
+    each a StageModule holding the full model's parameter names."""
+    base, extra = divmod(model.cfg.layers, num_stages)
+    stages, start = [], 0
+    for i in range(num_stages):
+        n = base + (1 if i < extra else 0)
+        stages.append(StageModule(model, (start, start + n), i == 0, i == num_stages - 1))
+        start += n
+    return stages
 
 
 def train_ddp() -> dict:

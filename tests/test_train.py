@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,6 +93,28 @@ def test_plan_rows_cover_each_global_batch_once():
     assert covered == list(range(16))
     widths = {rank: replica_rows(plan, rank)[0][1] - replica_rows(plan, rank)[0][0] for rank in plan.ranks}
     assert widths[0] > widths[3]  # a faster chip's replica reads more rows
+
+
+@pytest.mark.parametrize("missing", ["rich", "matplotlib"])
+def test_train_without_the_train_extra_says_so_in_one_line(missing, monkeypatch, capsys, tmp_path):
+    from hal.cli import main
+    monkeypatch.setitem(sys.modules, missing, None)  # importing it fails, as when it is not installed
+    code = main(["train", "--config", str(ROOT / "examples/train/tiny.toml"), "--run-dir", str(tmp_path / "r")])
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in out + err, err
+    assert lines[0].startswith("hal train: error: ") and missing in lines[0]
+    assert "pip install 'hetero-hal[train]'" in lines[0]
+    assert not (tmp_path / "r").exists()  # nothing started
+
+
+def test_trainer_modules_import_without_the_train_extra():
+    # rich and matplotlib are imported where they are used (the progress bar, the plots), not at import
+    code = ("import sys; sys.modules['rich'] = sys.modules['matplotlib'] = None; "
+            "import hal.trainer.loop, hal.trainer.metrics, hal.trainer.plots, hal.trainer.report; "
+            "from hal.trainer.metrics import Display; Display(10, 0, 5).close()")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """`hal demo`: the main job. Starts an emulated mixed cluster on this machine with torchrun (default
-2 cuda + 2 ascend ranks, every one EMULATED on this host's CPU), trains a small hal.ops transformer
-with torch's DDP over the `hetero` process group for a few hundred steps, then prints the loss curve,
-its parity with a single-process run of the same model and data (max abs difference of the final
-parameters) and which chip each rank emulated.
+2 cuda + 2 ascend ranks, every one EMULATED on this host's CPU), trains a small GPT on bytes of the
+Python standard library through the `hal train` Trainer with torch's DDP over the `hetero` process group
+for a few hundred steps, then prints the loss curve, its parity with a single-process run of the same
+model and data (max abs difference of the final parameters) and which chip each rank emulated.
 
 examples:
   hal demo                                   # 300 steps, cuda:2,ascend:2, backend hetero
@@ -17,15 +17,17 @@ fails, the first failing rank's error is printed once, with the path of the full
 
 exit codes: 0 trained with parity; 1 parity failed or a rank failed; 2 bad input (nothing started).
 
-The training code is the module `hal.cli.demo_job`, started by name in the torchrun ranks. Both live
-in hal/cli/, above every library package, so `hal` (which names this module in its subcommand table
-and imports it only when `hal demo` is chosen) imports nothing above it.
+The rank job is the module `hal.cli.demo_job`, started by name in the torchrun ranks; it runs
+hal.trainer's Trainer in a temporary run folder, removed at the end. Both live in hal/cli/, above every
+library package, so `hal` (which names this module in its subcommand table and imports it only when
+`hal demo` is chosen) imports nothing above it.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import tempfile
 import time
 
 DEFAULT_EMULATE = "cuda:2,ascend:2"
@@ -88,16 +90,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"  EMULATED: no accelerator is used. Each rank runs its chip's identity, profile and ops on this "
               f"host's CPU ({os.cpu_count()} cores), with the CPU fabric standing in for its vendor CCL; "
               f"the `{args.backend}` group bridges the sub-clusters exactly as it would real ones.")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           "-m", "hal.cli.demo_job", "--steps", str(args.steps), "--global-batch", str(global_batch),
-           "--backend", args.backend, "--tolerance", str(args.tolerance), "--timeout", str(args.timeout)]
     chip_env = " ".join(f"{k}={env[k]}" for k in ("HAL_EMULATE", "HAL_CLUSTER", "HAL_CHIP") if env.get(k))
     print(f"  launching: {chip_env} torchrun --nproc-per-node {nproc} "
           f"-m hal.cli.demo_job --steps {args.steps} --global-batch {global_batch} --backend {args.backend}",
           flush=True)
     t0 = time.perf_counter()
-    code = run_ranks("hal demo", cmd, env)
+    with tempfile.TemporaryDirectory(prefix="hal-demo-") as run_dir:  # the trainer's metrics and model file
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+               "-m", "hal.cli.demo_job", "--steps", str(args.steps), "--global-batch", str(global_batch),
+               "--backend", args.backend, "--tolerance", str(args.tolerance), "--timeout", str(args.timeout),
+               "--run-dir", run_dir]
+        code = run_ranks("hal demo", cmd, env)
     verdict = "done" if code == 0 else f"FAILED (exit code {code})"
     print(f"hal demo: {verdict} in {time.perf_counter() - t0:.0f} s"
           + (" (all chips emulated)" if emulated else ""))

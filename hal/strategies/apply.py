@@ -54,7 +54,7 @@ def _to_wire(x: torch.Tensor) -> torch.Tensor:
 
 
 class StageModule(nn.Module):
-    """One pipeline stage of a decoder model: the embedding (first stage), blocks [start, end), the
+    """One pipeline stage of a GPT (hal.strategies.models): the embedding (first stage), blocks [start, end), the
     final norm and head (last stage). Attribute names follow the model's (`embed`, `blocks.<i>` with
     the global block index, `norm`, `head`), so `named_parameters()` gives the full model's names."""
 
@@ -68,19 +68,17 @@ class StageModule(nn.Module):
         self.head = model.head if last else None
         self.recompute = recompute == "full"
         self.aux_coef, self.aux_scale = aux_coef, aux_scale
-        # GPT's blocks take the rotary tables (shared, not parameters); the tiny transformer's do not
-        self.rope = hasattr(model, "rope_cos")
-        if self.rope:
-            self.register_buffer("rope_cos", model.rope_cos, persistent=False)
-            self.register_buffer("rope_sin", model.rope_sin, persistent=False)
+        # GPT's blocks take the rotary tables (shared buffers, not parameters)
+        self.register_buffer("rope_cos", model.rope_cos, persistent=False)
+        self.register_buffer("rope_sin", model.rope_sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
             x = self.embed(x)
-        extra = (self.rope_cos, self.rope_sin) if self.rope else ()
+        rope = (self.rope_cos, self.rope_sin)
         for block in self.blocks.values():
             # full recompute: keep only the block input, re-run the block in backward
-            x = checkpoint(block, x, *extra, use_reentrant=False) if self.recompute else block(x, *extra)
+            x = checkpoint(block, x, *rope, use_reentrant=False) if self.recompute else block(x, *rope)
         if self.norm is not None:
             x = self.norm(x)
         if self.head is not None:

@@ -140,10 +140,10 @@ class DebugSection(_Section):
     def _bounds(self) -> "DebugSection":
         for rank, factor in self.throttle.items():
             if rank < 0 or not factor >= 1.0:
-                raise TrainConfigError(f"throttle.{rank}", factor, "rank must be >= 0 and factor >= 1")
+                raise TrainConfigError(f"throttle[{rank}]", factor, "rank must be >= 0 and factor >= 1")
         for rank, seconds in self.link_delay.items():
             if rank < 0 or not 0.0 < seconds <= MAX_LINK_DELAY_S:
-                raise TrainConfigError(f"link_delay.{rank}", seconds, f"rank must be >= 0 and seconds in "
+                raise TrainConfigError(f"link_delay[{rank}]", seconds, f"rank must be >= 0 and seconds in "
                                        f"(0, {MAX_LINK_DELAY_S:g}] (a bounded delay, below any collective timeout)")
         return self
 

@@ -49,7 +49,7 @@ class FaultInjector:
         self.link_delay_s = float(debug.link_delay.get(rank, 0.0))
         self.link_delays = dict(debug.link_delay)  # every rank's, for summary.json
         if self.link_delay_s and backend != "hetero":
-            raise DebugError(f"debug.link_delay.{rank} = {self.link_delay_s}: delaying rank {rank}'s link needs "
+            raise DebugError(f"debug.link_delay[{rank}] = {self.link_delay_s}: delaying rank {rank}'s link needs "
                              f"backend 'hetero' (the bridge's Python group), not {backend!r}")
         if rank == 0 and debug.active:
             log.info("hal train: [debug] section set: test-only fault injection (faults %d, throttle %s, "
@@ -82,7 +82,7 @@ class FaultInjector:
         if not factor:
             return 0.0
         if clock is None:
-            raise DebugError(f"debug.throttle.{self.rank} = {factor:g}: throttling rank {self.rank} needs timed "
+            raise DebugError(f"debug.throttle[{self.rank}] = {factor:g}: throttling rank {self.rank} needs timed "
                              f"emulation (HAL_EMULATE_TIMED=1 or cluster.timed = true in the config)")
         from hal.emulation.timed import Speeds
         s = clock.speeds

@@ -210,7 +210,7 @@ def init_process_group(backend: str, timeout) -> None:
     workers' env:// rendezvous assumes a fresh store per retry (rendezvous.py, _create_c10d_store: "We
     create a new TCPStore for every retry so no need to add prefix for each attempt"). The restarted
     workers then read the failed job's keys - gloo peer addresses of dead processes - and group creation
-    fails ("connectFullMesh ... Connection refused", seen here). A prefix per restart count keeps each
+    fails ("connectFullMesh ... Connection refused"). A prefix per restart count keeps each
     job's keys apart."""
     import torch.distributed as dist
     env = os.environ
