@@ -26,12 +26,12 @@ from planner_scale import cluster  # noqa: E402
 from hal.strategies.models import ModelConfig  # noqa: E402
 from hal.strategies.planner import ModelFacts, chip_facts, search  # noqa: E402
 from hal.strategies.planner.facts import with_rails  # noqa: E402
-from hal.strategies.planner.plan_search import _finalize, batch_shares, mixed_candidates  # noqa: E402
+from hal.strategies.planner.plan_search import finalize, batch_shares, mixed_candidates  # noqa: E402
 
 
 def alone(f, model: ModelFacts, batch: int, node_of) -> float:
     """Best simulated tokens/s of sub-cluster `f` alone on `batch` samples (0: nothing fits)."""
-    got = [c for c in _finalize(mixed_candidates([f], model, batch), model, 6, node_of) if c.sim.fits]
+    got = [c for c in finalize(mixed_candidates([f], model, batch), model, 6, node_of) if c.sim.fits]
     return got[0].sim.tokens_per_s if got else 0.0
 
 

@@ -59,6 +59,15 @@ def test_toml_and_json_round_trip(tmp_path):
     assert p.check(Topology.from_chips(["cuda"] * 4 + ["ascend"]), MOE.model_copy(update={"name": "moe"})) is p
 
 
+def test_schedule_is_the_shared_enum_and_reads_as_its_name():
+    from hal.strategies.schedule import Schedule
+    p = _rich_plan()
+    assert p.schedule is Schedule.GPIPE and p.schedule == "GPipe"
+    assert 'schedule = "GPipe"' in p.to_toml() and json.loads(p.to_json())["schedule"] == "GPipe"
+    assert Plan.from_toml(p.to_toml()).schedule is Schedule.GPIPE
+    assert plan([stage([0, 4], rep([0]))]).schedule is Schedule.ONE_F_ONE_B
+
+
 def test_derived_quantities():
     p = _rich_plan()
     assert (p.microbatch_size, p.global_batch, p.ranks) == (4, 16, [0, 1, 2, 3, 4])

@@ -4,7 +4,6 @@ Single process, no torch.distributed: pure arithmetic over plans."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
@@ -14,6 +13,7 @@ from hal.strategies.models import ModelConfig
 from hal.strategies.plan import Plan
 from hal.strategies.planner import ModelFacts, chip_facts, search, simulate
 from hal.strategies.planner import plan_search as S
+from hal.strategies.planner.search_shapes import share_rows
 from hal.strategies.planner.convert import from_plan, to_plan
 from hal.strategies.planner.cost import replica_cost
 from hal.strategies.planner.simulate import Layout, RepSpec, StageSpec
@@ -196,7 +196,7 @@ def test_split_layers_and_shares():
     assert S.split_layers(10, [1.0, 1.0], [0.0, 0.0]) == [5, 5]
     assert sum(S.split_layers(80, [1.0, 2.0, 2.0], [0.0, 0.0, 3.0])) == 80
     assert S.place_experts(8, [3.0, 1.0]) == [6, 2]
-    rows = S._share(10, [2, 2], [1.0, 3.0])    # fast kind takes ~3x the rows of the slow kind
+    rows = share_rows(10, [2, 2], [1.0, 3.0])    # fast kind takes ~3x the rows of the slow kind
     assert rows is not None
     (lo0, n0), (lo1, n1) = rows
     total = n0 * lo0 + (2 - n0) * (lo0 + 1) + n1 * lo1 + (2 - n1) * (lo1 + 1)

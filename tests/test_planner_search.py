@@ -182,15 +182,15 @@ def _tiny_emulated(chips):
 
 
 def test_share_covers_the_rows_exactly():
-    # `_share`'s bisection bound used to fall short in floating point (3 x t / t = 2.999...): a
-    # negative excess, "replicas with one row less" < 0, shapes with extra replicas (OverAllocated)
-    from hal.strategies.planner.plan_search import _runs, _share
+    # a bisection bound that falls short in floating point (3 x t / t = 2.999...) gives a negative
+    # excess, "replicas with one row less" < 0, shapes with extra replicas (OverAllocated)
+    from hal.strategies.planner.search_shapes import runs_of, share_rows
     times = [0.1, 0.3, 1e-3 / 3, 7.77e-5, 2.0 / 3, 0.35550000000000004]
     checked = 0
     for total in range(1, 97):
         for counts in ([1], [2], [3], [1, 1], [2, 1], [1, 2, 1], [3, 2, 2]):
             for ts in itertools.combinations(times, len(counts)):
-                rows = _share(total, counts, list(ts))
+                rows = share_rows(total, counts, list(ts))
                 if total < sum(counts):
                     assert rows is None
                     continue
@@ -198,7 +198,7 @@ def test_share_covers_the_rows_exactly():
                 got = 0
                 for n, (lo, n_lo) in zip(counts, rows):
                     assert lo >= 1 and 0 <= n_lo <= n, (total, counts, ts, rows)
-                    runs = _runs(n, lo, n_lo, None, 0)
+                    runs = runs_of(n, lo, n_lo, None, 0)
                     assert sum(c for _, _, c in runs) == n
                     got += sum(mb * c for mb, _, c in runs)
                 assert got == total, (total, counts, ts, rows)

@@ -131,6 +131,22 @@ class _InjectAux(torch.autograd.Function):
         return grad_y, torch.ones_like(aux)
 
 
+def _priority(per_rank: torch.Tensor, cap: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(col[e, j]: assignments of slot j to expert e over all ranks, base[s, e, j]: global priority
+    position of rank s's first (e, slot j) assignment, kept[s, e, j]: how many of them fit the
+    capacity). Priority order is (slot, rank, local token): earlier slots of every rank, then
+    earlier ranks, as one process holding every token would drop."""
+    col = per_rank.sum(0)                                                # (E, k)
+    slot_before = torch.cumsum(col, 1) - col                             # (E, k)
+    rank_before = torch.cumsum(per_rank, 0) - per_rank                   # (S, E, k)
+    base = slot_before.unsqueeze(0) + rank_before                        # (S, E, k)
+    if cap is None:
+        kept = per_rank
+    else:
+        kept = (cap - base).clamp(min=0).minimum(per_rank)               # (S, E, k)
+    return col, base, kept
+
+
 class MoE(nn.Module):
     """Mixture-of-experts FFN: x (..., hidden) -> (..., hidden); `.aux_loss` set by every forward.
 
@@ -207,68 +223,26 @@ class MoE(nn.Module):
 
     # ---- forward ------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Route every token to its top-k experts, keep each expert's first `capacity` assignments in
+        the global priority order, send the kept rows to their experts' hosts, run the experts,
+        send the outputs back and sum them weighted by the gates (module docstring)."""
         shape = x.shape
         if shape[-1] != self.hidden:
             raise MoEError(f"MoE: input {tuple(shape)} has last dim {shape[-1]}, expected hidden={self.hidden}")
         xt = x.reshape(-1, self.hidden)                                      # (T, h)
-        T, E, k, W, me = xt.size(0), self.num_experts, self.top_k, self.ep_size, self.ep_rank
+        T, E, k, W = xt.size(0), self.num_experts, self.top_k, self.ep_size
         probs = ops.softmax(ops.linear(xt, self.router.weight).float(), dim=-1)   # (T, E) float32
         top_p, top_e = probs.topk(k, dim=-1)                                 # (T, k)
         gates = top_p / top_p.sum(-1, keepdim=True) if k > 1 else top_p
         dev = xt.device
         top_e = top_e.detach().cpu()  # routing bookkeeping is small integer work: on the host
 
-        # counts[e, j] = local assignments of slot j to expert e; last row: [T, 0, ...]
-        counts = torch.zeros(E + 1, k, dtype=torch.long)
-        counts[:E].scatter_add_(0, top_e, torch.ones_like(top_e))
-        counts[E, 0] = T
-        # statistics over S ranks (the DP group under expert data parallel, else the EP group); this
-        # rank is `ms` there and EP rank r is stats rank off + r
-        S, ms, off = self.stats_size, self.stats_rank, self.ep_offset
-        sgroup = self.stats_group if self.stats_group is not None else self.group
-        if S > 1:
-            gathered = [torch.empty_like(counts, device=dev) for _ in range(S)]
-            dist.all_gather(gathered, counts.to(dev), group=sgroup)
-            every = torch.stack(gathered).cpu()                              # (S, E + 1, k)
-        else:
-            every = counts.unsqueeze(0)
-        per_rank = every[:, :E]                                              # (S, E, k)
-        t_global = int(every[:, E, 0].sum())
+        per_rank, t_global = self._global_counts(top_e, T, dev)
         cap = self.capacity(t_global)
-
-        # base[s, e, j]: global priority position of rank s's first (e, slot j) assignment,
-        # order (slot, rank, local token): earlier slots of every rank, then earlier ranks.
-        col = per_rank.sum(0)                                                # (E, k)
-        slot_before = torch.cumsum(col, 1) - col                             # (E, k)
-        rank_before = torch.cumsum(per_rank, 0) - per_rank                   # (S, E, k)
-        base = slot_before.unsqueeze(0) + rank_before                        # (S, E, k)
-        if cap is None:
-            kept = per_rank
-        else:
-            kept = (cap - base).clamp(min=0).minimum(per_rank)               # (S, E, k)
-
-        # This rank's assignments in send order: (host rank, position at host, slot, token).
-        tok = torch.arange(T).unsqueeze(1).expand(T, k).reshape(-1)          # (T k,)
-        slot = torch.arange(k).unsqueeze(0).expand(T, k).reshape(-1)
-        exp = top_e.reshape(-1)
-        order = torch.argsort(((self.host_of[exp] * E + self.slot_of[exp]) * k + slot) * max(T, 1) + tok)
-        tok, slot, exp = tok[order], slot[order], exp[order]
-        # index of each assignment within its run of equal (expert, slot): the sort keeps each run
-        # contiguous and in token order, so that index is its rank among this rank's (e, j) assignments
-        key = exp * k + slot
-        new_run = torch.ones_like(key, dtype=torch.bool)
-        new_run[1:] = key[1:] != key[:-1]
-        run_start = torch.nonzero(new_run).squeeze(1)[torch.cumsum(new_run.long(), 0) - 1]
-        within = torch.arange(key.numel()) - run_start
-        pos = base[ms, exp, slot] + within
-        keep = pos < cap if cap is not None else torch.ones_like(pos, dtype=torch.bool)
-        tok, slot, exp = tok[keep].to(dev), slot[keep].to(dev), exp[keep]
-
-        sent_per_expert = kept[ms].sum(1)                                    # (E,)
-        send_splits = [int(sent_per_expert[self.placement[r]].sum()) if self.placement[r] else 0 for r in range(W)]
-        mine = self.placement[me]
-        ep_kept = kept[off:off + W]                                          # (W, E, k): this EP group's ranks
-        recv_per = ep_kept[:, mine].sum(2) if mine else torch.zeros(W, 0, dtype=torch.long)  # (W, n_local)
+        col, base, kept = _priority(per_rank, cap)
+        tok, slot, exp = self._kept_assignments(top_e, T, base, cap)
+        tok, slot = tok.to(dev), slot.to(dev)
+        send_splits, recv_per = self._splits(kept)
         recv_splits = [int(v) for v in recv_per.sum(1)]
 
         payload = xt[tok]                                                    # (sent, h)
@@ -276,18 +250,7 @@ class MoE(nn.Module):
             received = _all_to_all(payload, sum(recv_splits), send_splits, recv_splits, self.group)
         else:
             received = payload
-        # received rows: for each source rank, for each of my experts in placement order, its rows
-        # `received * 0`, not empty_like: the reverse all_to_all must be in every rank's autograd
-        # graph, also on a rank hosting no expert (else its backward skips a collective the others run)
-        outs = received * 0
-        n_local = len(mine)
-        # local expert index of every received row: blocks (source s, expert i) of recv_per[s, i] rows
-        row_expert = torch.repeat_interleave(torch.arange(n_local).repeat(W), recv_per.reshape(-1))  # (received,)
-        for i, e in enumerate(mine):
-            rows = torch.nonzero(row_expert == i).squeeze(1)
-            if rows.numel():
-                rows = rows.to(dev)
-                outs = outs.index_copy(0, rows, self.experts[str(e)](received[rows]))
+        outs = self._run_experts(received, recv_per, dev)
         back = _all_to_all(outs, payload.size(0), recv_splits, send_splits, self.group) if W > 1 else outs
         y = torch.zeros_like(xt).index_add(0, tok, back * gates[tok, slot].unsqueeze(1).to(back.dtype))
 
@@ -304,3 +267,71 @@ class MoE(nn.Module):
         if self.inject_aux_coef is not None and torch.is_grad_enabled():
             y = _InjectAux.apply(y, self.aux_loss * self.inject_aux_coef)
         return y
+
+    def _global_counts(self, top_e: torch.Tensor, T: int, dev: torch.device) -> tuple[torch.Tensor, int]:
+        """(per_rank[s, e, j]: rank s's assignments of slot j to expert e, tokens over all ranks),
+        over the statistics group (the DP group under expert data parallel, else the EP group), so
+        capacity and the drop order are those of one process holding every token."""
+        E, k = self.num_experts, self.top_k
+        # counts[e, j] = local assignments of slot j to expert e; last row: [T, 0, ...]
+        counts = torch.zeros(E + 1, k, dtype=torch.long)
+        counts[:E].scatter_add_(0, top_e, torch.ones_like(top_e))
+        counts[E, 0] = T
+        S = self.stats_size
+        sgroup = self.stats_group if self.stats_group is not None else self.group
+        if S > 1:
+            gathered = [torch.empty_like(counts, device=dev) for _ in range(S)]
+            dist.all_gather(gathered, counts.to(dev), group=sgroup)
+            every = torch.stack(gathered).cpu()                              # (S, E + 1, k)
+        else:
+            every = counts.unsqueeze(0)
+        return every[:, :E], int(every[:, E, 0].sum())                      # (S, E, k), tokens
+
+    def _kept_assignments(self, top_e: torch.Tensor, T: int, base: torch.Tensor,
+                          cap: Optional[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's kept assignments in send order (host rank, position at host, slot, token):
+        (token, slot, expert) per row. An assignment is kept when its global priority position
+        (base of its (expert, slot) on this rank + its index among them) is below the capacity."""
+        E, k = self.num_experts, self.top_k
+        tok = torch.arange(T).unsqueeze(1).expand(T, k).reshape(-1)          # (T k,)
+        slot = torch.arange(k).unsqueeze(0).expand(T, k).reshape(-1)
+        exp = top_e.reshape(-1)
+        order = torch.argsort(((self.host_of[exp] * E + self.slot_of[exp]) * k + slot) * max(T, 1) + tok)
+        tok, slot, exp = tok[order], slot[order], exp[order]
+        # index of each assignment within its run of equal (expert, slot): the sort keeps each run
+        # contiguous and in token order, so that index is its rank among this rank's (e, j) assignments
+        key = exp * k + slot
+        new_run = torch.ones_like(key, dtype=torch.bool)
+        new_run[1:] = key[1:] != key[:-1]
+        run_start = torch.nonzero(new_run).squeeze(1)[torch.cumsum(new_run.long(), 0) - 1]
+        within = torch.arange(key.numel()) - run_start
+        pos = base[self.stats_rank, exp, slot] + within
+        keep = pos < cap if cap is not None else torch.ones_like(pos, dtype=torch.bool)
+        return tok[keep], slot[keep], exp[keep]
+
+    def _splits(self, kept: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+        """(rows this rank sends each EP rank, recv_per[s, i]: rows EP rank s sends this rank's
+        i-th expert). EP rank r is statistics rank ep_offset + r."""
+        W, me, off = self.ep_size, self.ep_rank, self.ep_offset
+        sent_per_expert = kept[self.stats_rank].sum(1)                       # (E,)
+        send_splits = [int(sent_per_expert[self.placement[r]].sum()) if self.placement[r] else 0 for r in range(W)]
+        mine = self.placement[me]
+        ep_kept = kept[off:off + W]                                          # (W, E, k): this EP group's ranks
+        recv_per = ep_kept[:, mine].sum(2) if mine else torch.zeros(W, 0, dtype=torch.long)  # (W, n_local)
+        return send_splits, recv_per
+
+    def _run_experts(self, received: torch.Tensor, recv_per: torch.Tensor, dev: torch.device) -> torch.Tensor:
+        """This rank's experts on the rows it received: for each source rank, for each of its experts
+        in placement order, recv_per[s, i] rows. `received * 0`, not empty_like: the reverse
+        all_to_all must be in every rank's autograd graph, also on a rank hosting no expert (else
+        its backward skips a collective the others run)."""
+        outs = received * 0
+        mine = self.placement[self.ep_rank]
+        # local expert index of every received row: blocks (source s, expert i) of recv_per[s, i] rows
+        row_expert = torch.repeat_interleave(torch.arange(len(mine)).repeat(self.ep_size), recv_per.reshape(-1))
+        for i, e in enumerate(mine):
+            rows = torch.nonzero(row_expert == i).squeeze(1)
+            if rows.numel():
+                rows = rows.to(dev)
+                outs = outs.index_copy(0, rows, self.experts[str(e)](received[rows]))
+        return outs

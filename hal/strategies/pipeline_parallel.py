@@ -158,6 +158,7 @@ class HeteroPipeline:
         self.recv_wait_s = 0.0
 
     def _recv(self, pieces, m: int, tag: int) -> torch.Tensor:
+        """This replica's rows of micro-batch m, assembled from every sender's piece (waits for all)."""
         lo = self.role.rows[0]
         bufs, works = [], []
         pieces = sorted(pieces, key=lambda p: p.start)
@@ -175,6 +176,7 @@ class HeteroPipeline:
         return torch.cat(bufs) if len(bufs) > 1 else bufs[0]  # (rows, *feature_shape)
 
     def _send(self, full: torch.Tensor, pieces, tag: int, pending: list) -> None:
+        """Post an isend of each receiver's rows of `full`; `pending` keeps them until step() waits."""
         lo = self.role.rows[0]
         for p in pieces:
             chunk = full[p.start - lo:p.end - lo].detach().contiguous()

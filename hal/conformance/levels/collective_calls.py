@@ -30,6 +30,7 @@ def reduce_op(name: str) -> Any:
 
 
 def _opts(cls, **fields):
+    """A torch.distributed options object with `fields` set."""
     o = cls()
     for k, v in fields.items():
         setattr(o, k, v)
@@ -62,6 +63,7 @@ class Case:
         return (self.collective == "all_to_all" and self.uneven) or self.layout == "strided"
 
     def describe(self) -> str:
+        """The case in words, as a verdict names it."""
         parts = [self.collective, f"dtype={self.dtype}"]
         if self.op:
             parts.append(f"op={self.op}")
@@ -144,92 +146,158 @@ def run_case(pg: Any, case: Case, rank: int, world: int, device: torch.device,
     """Run `case` on `pg`; [(output name, None or what is wrong)] for this rank, including inputs the
     call changed and elements it wrote outside the caller's views."""
     placed = Placed(case.layout, device, 1000 * rank)
-    checks = _run(pg, case, rank, world, placed, tag)
+    call = _CALLS.get(case.collective)
+    if call is None:
+        raise ValueError(f"unknown collective {case.collective!r}")
+    checks = call(_Call(pg, case, rank, world, placed, tag))
     return checks + placed.problems()
 
 
-def _run(pg: Any, case: Case, rank: int, world: int, placed: Placed, tag: str) -> list[tuple[str, Optional[str]]]:
-    c, d, n = case.collective, case.dtype, case.size
-    inp: Callable[[int], torch.Tensor] = lambda r: make_input(r, d, n, tag, case.op)  # noqa: E731
-    empty = lambda k: torch.zeros(k, dtype=getattr(torch, d))  # noqa: E731
-    host = lambda t: t.detach().to("cpu")  # noqa: E731
-    if c == "all_reduce":
-        t = placed.put("tensor", inp(rank), writes=True)
-        pg.allreduce([t], _opts(dist.AllreduceOptions, reduceOp=reduce_op(case.op))).wait()
-        return [("output", verdict_reduce(host(t), [inp(r) for r in range(world)], case.op, d))]
-    if c == "reduce":
-        t = placed.put("tensor", inp(rank), writes=True)
-        pg.reduce([t], _opts(dist.ReduceOptions, reduceOp=reduce_op(case.op), rootRank=case.root)).wait()
-        if rank != case.root:
-            return [("non-root (not checked)", None)]
-        return [("root output", verdict_reduce(host(t), [inp(r) for r in range(world)], case.op, d))]
-    if c in ("reduce_scatter", "reduce_scatter_tensor"):
-        # Rank r contributes world chunks of n; output chunk j is the reduction of every rank's chunk j.
-        full = lambda r: make_input(r, d, n * world, tag, case.op)  # noqa: E731
-        out = placed.put("output", empty(n), writes=True)
-        o = _opts(dist.ReduceScatterOptions, reduceOp=reduce_op(case.op))
-        if c == "reduce_scatter":
-            chunks = [placed.put(f"input[{j}]", full(rank)[j * n:(j + 1) * n], writes=False) for j in range(world)]
-            pg.reduce_scatter([out], [chunks], o).wait()
-        else:
-            x = placed.put("input", full(rank), writes=False)
-            pg._reduce_scatter_base(out, x, o).wait()
-        want = [full(r)[rank * n:(rank + 1) * n] for r in range(world)]
-        return [("output", verdict_reduce(host(out), want, case.op, d))]
-    if c == "broadcast":
-        t = placed.put("tensor", inp(rank), writes=True)
-        pg.broadcast([t], _opts(dist.BroadcastOptions, rootRank=case.root)).wait()
-        return [("output", verdict_exact(host(t), inp(case.root)))]
-    if c == "all_gather":
-        outs = [placed.put(f"output[{r}]", empty(n), writes=True) for r in range(world)]
-        pg.allgather([outs], [placed.put("input", inp(rank), writes=False)]).wait()
-        return [(f"output[{r}]", verdict_exact(host(o), inp(r))) for r, o in enumerate(outs)]
-    if c == "all_gather_into_tensor":
-        out = placed.put("output", empty(n * world), writes=True)
-        pg._allgather_base(out, placed.put("input", inp(rank), writes=False)).wait()
-        return [("output", verdict_exact(host(out), torch.cat([inp(r) for r in range(world)])))]
-    if c in ("all_to_all", "all_to_all_single"):
-        base = max(n // world, 0)
-        send = lambda src: make_input(src, d, sum(_split(src, j, base, case.uneven) for j in range(world)),  # noqa: E731
-                                      tag, case.op)
+Checks = list[tuple[str, Optional[str]]]
 
-        def piece(src: int, dst: int) -> torch.Tensor:
-            off = sum(_split(src, j, base, case.uneven) for j in range(dst))
-            return send(src)[off:off + _split(src, dst, base, case.uneven)]
-        in_splits = [_split(rank, j, base, case.uneven) for j in range(world)]
-        out_splits = [_split(j, rank, base, case.uneven) for j in range(world)]
-        want = [piece(j, rank) for j in range(world)]
-        if c == "all_to_all_single":
-            x = placed.put("input", send(rank), writes=False)
-            out = placed.put("output", empty(sum(out_splits)), writes=True)
-            pg.alltoall_base(out, x, out_splits, in_splits, dist.AllToAllOptions()).wait()
-            return [("output", verdict_exact(host(out), torch.cat(want)))]
-        ins = [placed.put(f"input[{j}]", p, writes=False) for j, p in enumerate(send(rank).split(in_splits))]
-        outs = [placed.put(f"output[{j}]", empty(s), writes=True) for j, s in enumerate(out_splits)]
-        pg.alltoall(outs, ins, dist.AllToAllOptions()).wait()
-        return [(f"output[{j}]", verdict_exact(host(o), w)) for j, (o, w) in enumerate(zip(outs, want))]
-    if c == "gather":
-        x = placed.put("input", inp(rank), writes=False)
-        outs = ([[placed.put(f"output[{r}]", empty(n), writes=True) for r in range(world)]]
-                if rank == case.root else [])
-        pg.gather(outs, [x], _opts(dist.GatherOptions, rootRank=case.root)).wait()
-        if rank != case.root:
-            return [("non-root (nothing received)", None)]
-        return [(f"root output[{r}]", verdict_exact(host(o), inp(r))) for r, o in enumerate(outs[0])]
-    if c == "scatter":
-        out = placed.put("output", empty(n), writes=True)
-        ins = [[placed.put(f"input[{r}]", inp(r), writes=False) for r in range(world)]] if rank == case.root else []
-        pg.scatter([out], ins, _opts(dist.ScatterOptions, rootRank=case.root)).wait()
-        return [("output", verdict_exact(host(out), inp(rank)))]
-    if c == "send_recv":
-        # A ring: every rank sends to rank + 1 and receives from rank - 1, both posted before waiting.
-        dst, src = (rank + 1) % world, (rank - 1) % world
-        out = placed.put("received", empty(n), writes=True)
-        works = [pg.send([placed.put("sent", inp(rank), writes=False)], dst, 7), pg.recv([out], src, 7)]
-        for w in works:
-            w.wait()
-        return [(f"received from rank {src}", verdict_exact(host(out), inp(src)))]
-    if c == "barrier":
-        pg.barrier().wait()
-        return [("barrier", None)]
-    raise ValueError(f"unknown collective {c!r}")
+
+@dataclass(frozen=True)
+class _Call:
+    """What one collective call needs: the group, the case, this rank, the world, where its tensors
+    go, and the tag that seeds every rank's inputs (so each rank can rebuild any rank's input)."""
+
+    pg: Any
+    case: Case
+    rank: int
+    world: int
+    placed: Placed
+    tag: str
+
+    def inp(self, r: int, n: Optional[int] = None) -> torch.Tensor:
+        """Rank r's input of n elements (default: the case's size)."""
+        return make_input(r, self.case.dtype, self.case.size if n is None else n, self.tag, self.case.op)
+
+    def empty(self, k: int) -> torch.Tensor:
+        return torch.zeros(k, dtype=getattr(torch, self.case.dtype))
+
+    def op(self) -> Any:
+        return reduce_op(self.case.op)
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu")
+
+
+def _all_reduce(x: _Call) -> Checks:
+    t = x.placed.put("tensor", x.inp(x.rank), writes=True)
+    x.pg.allreduce([t], _opts(dist.AllreduceOptions, reduceOp=x.op())).wait()
+    return [("output", verdict_reduce(_host(t), [x.inp(r) for r in range(x.world)], x.case.op, x.case.dtype))]
+
+
+def _reduce(x: _Call) -> Checks:
+    """Only the root's result is defined."""
+    t = x.placed.put("tensor", x.inp(x.rank), writes=True)
+    x.pg.reduce([t], _opts(dist.ReduceOptions, reduceOp=x.op(), rootRank=x.case.root)).wait()
+    if x.rank != x.case.root:
+        return [("non-root (not checked)", None)]
+    return [("root output", verdict_reduce(_host(t), [x.inp(r) for r in range(x.world)], x.case.op, x.case.dtype))]
+
+
+def _reduce_scatter(x: _Call) -> Checks:
+    """Rank r contributes world chunks of n; output chunk j is the reduction of every rank's chunk j."""
+    n, world = x.case.size, x.world
+    out = x.placed.put("output", x.empty(n), writes=True)
+    o = _opts(dist.ReduceScatterOptions, reduceOp=x.op())
+    if x.case.collective == "reduce_scatter":
+        chunks = [x.placed.put(f"input[{j}]", x.inp(x.rank, n * world)[j * n:(j + 1) * n], writes=False)
+                  for j in range(world)]
+        x.pg.reduce_scatter([out], [chunks], o).wait()
+    else:
+        x.pg._reduce_scatter_base(out, x.placed.put("input", x.inp(x.rank, n * world), writes=False), o).wait()
+    want = [x.inp(r, n * world)[x.rank * n:(x.rank + 1) * n] for r in range(world)]
+    return [("output", verdict_reduce(_host(out), want, x.case.op, x.case.dtype))]
+
+
+def _broadcast(x: _Call) -> Checks:
+    t = x.placed.put("tensor", x.inp(x.rank), writes=True)
+    x.pg.broadcast([t], _opts(dist.BroadcastOptions, rootRank=x.case.root)).wait()
+    return [("output", verdict_exact(_host(t), x.inp(x.case.root)))]
+
+
+def _all_gather(x: _Call) -> Checks:
+    outs = [x.placed.put(f"output[{r}]", x.empty(x.case.size), writes=True) for r in range(x.world)]
+    x.pg.allgather([outs], [x.placed.put("input", x.inp(x.rank), writes=False)]).wait()
+    return [(f"output[{r}]", verdict_exact(_host(o), x.inp(r))) for r, o in enumerate(outs)]
+
+
+def _all_gather_into_tensor(x: _Call) -> Checks:
+    out = x.placed.put("output", x.empty(x.case.size * x.world), writes=True)
+    x.pg._allgather_base(out, x.placed.put("input", x.inp(x.rank), writes=False)).wait()
+    return [("output", verdict_exact(_host(out), torch.cat([x.inp(r) for r in range(x.world)])))]
+
+
+def _all_to_all(x: _Call) -> Checks:
+    """Rank src sends `_split(src, dst)` elements to each dst, cut in order from its one input."""
+    world, rank, uneven = x.world, x.rank, x.case.uneven
+    base = max(x.case.size // world, 0)
+
+    def send(src: int) -> torch.Tensor:
+        return x.inp(src, sum(_split(src, j, base, uneven) for j in range(world)))
+
+    def piece(src: int, dst: int) -> torch.Tensor:
+        off = sum(_split(src, j, base, uneven) for j in range(dst))
+        return send(src)[off:off + _split(src, dst, base, uneven)]
+    in_splits = [_split(rank, j, base, uneven) for j in range(world)]
+    out_splits = [_split(j, rank, base, uneven) for j in range(world)]
+    want = [piece(j, rank) for j in range(world)]
+    if x.case.collective == "all_to_all_single":
+        inp = x.placed.put("input", send(rank), writes=False)
+        out = x.placed.put("output", x.empty(sum(out_splits)), writes=True)
+        x.pg.alltoall_base(out, inp, out_splits, in_splits, dist.AllToAllOptions()).wait()
+        return [("output", verdict_exact(_host(out), torch.cat(want)))]
+    ins = [x.placed.put(f"input[{j}]", p, writes=False) for j, p in enumerate(send(rank).split(in_splits))]
+    outs = [x.placed.put(f"output[{j}]", x.empty(s), writes=True) for j, s in enumerate(out_splits)]
+    x.pg.alltoall(outs, ins, dist.AllToAllOptions()).wait()
+    return [(f"output[{j}]", verdict_exact(_host(o), w)) for j, (o, w) in enumerate(zip(outs, want))]
+
+
+def _gather(x: _Call) -> Checks:
+    """Only the root passes (and checks) output tensors."""
+    root = x.case.root
+    inp = x.placed.put("input", x.inp(x.rank), writes=False)
+    outs = ([[x.placed.put(f"output[{r}]", x.empty(x.case.size), writes=True) for r in range(x.world)]]
+            if x.rank == root else [])
+    x.pg.gather(outs, [inp], _opts(dist.GatherOptions, rootRank=root)).wait()
+    if x.rank != root:
+        return [("non-root (nothing received)", None)]
+    return [(f"root output[{r}]", verdict_exact(_host(o), x.inp(r))) for r, o in enumerate(outs[0])]
+
+
+def _scatter(x: _Call) -> Checks:
+    """Only the root passes input tensors; every rank checks its piece."""
+    root = x.case.root
+    out = x.placed.put("output", x.empty(x.case.size), writes=True)
+    ins = ([[x.placed.put(f"input[{r}]", x.inp(r), writes=False) for r in range(x.world)]]
+           if x.rank == root else [])
+    x.pg.scatter([out], ins, _opts(dist.ScatterOptions, rootRank=root)).wait()
+    return [("output", verdict_exact(_host(out), x.inp(x.rank)))]
+
+
+def _send_recv(x: _Call) -> Checks:
+    """A ring: every rank sends to rank + 1 and receives from rank - 1, both posted before waiting."""
+    dst, src = (x.rank + 1) % x.world, (x.rank - 1) % x.world
+    out = x.placed.put("received", x.empty(x.case.size), writes=True)
+    works = [x.pg.send([x.placed.put("sent", x.inp(x.rank), writes=False)], dst, 7), x.pg.recv([out], src, 7)]
+    for w in works:
+        w.wait()
+    return [(f"received from rank {src}", verdict_exact(_host(out), x.inp(src)))]
+
+
+def _barrier(x: _Call) -> Checks:
+    x.pg.barrier().wait()
+    return [("barrier", None)]
+
+
+# collective name -> the call that runs it and checks this rank's result
+_CALLS: dict[str, Callable[[_Call], Checks]] = {
+    "all_reduce": _all_reduce, "reduce": _reduce, "reduce_scatter": _reduce_scatter,
+    "reduce_scatter_tensor": _reduce_scatter, "broadcast": _broadcast, "all_gather": _all_gather,
+    "all_gather_into_tensor": _all_gather_into_tensor, "all_to_all": _all_to_all,
+    "all_to_all_single": _all_to_all, "gather": _gather, "scatter": _scatter, "send_recv": _send_recv,
+    "barrier": _barrier,
+}

@@ -189,44 +189,8 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     model's experts and, with a balanced router, computes that share of the whole EP group's
     routed tokens (`group_mb` samples per micro-batch), whatever its own micro-batch."""
     tp_bw = tp_bw if tp_bw is not None else f.intra_bw
-    moe_fl = 0.0     # FLOPs every rank of the TP group runs in full (not divided by tp)
-    if m.experts:
-        share = (experts_local if experts_local is not None else m.experts) / m.experts
-        routed = (group_mb if group_mb is not None else mb) * share
-        router = m.seq * 2 * m.hidden * m.experts                                      # per sample
-        per_sample_dense = m.layer_fwd_flops() - m.seq * 2 * m.expert_params * m.top_k - router   # attention
-        fl = n_layers * per_sample_dense * mb
-        # apply_plan's TP leaves the MoE layer unsharded (hal/strategies/tensor_parallel.py block_plan:
-        # "blocks[i].moe not sharded: it runs on the full activation, replicated over TP"): every TP
-        # rank all-gathers the sequence, routes it and runs its replica's experts on all the routed
-        # tokens, so the router and expert FLOPs are not divided by tp
-        moe_fl = n_layers * (router * mb + m.seq * 2 * m.expert_params * m.top_k * routed)
-    else:
-        fl = n_layers * m.layer_fwd_flops() * mb
-    # apply_plan's TP (hal/strategies/tensor_parallel.py) shards the blocks only: the embedding, final
-    # norm, head and loss run replicated on every rank of the TP group
-    head = m.head_fwd_flops() * mb if last else 0.0
-    compute_fwd = fl / (f.flops * tp) + (moe_fl + head) / f.flops
-    act = m.act_bytes(tp, False) * mb * n_layers
-    elementwise = ELEMENTWISE_PASSES * act / f.memory_bw
-    tp_comm = 0.0
-    if tp > 1:
-        tp_comm = n_layers * 4 * allreduce_time(m.dtype_bytes * m.seq * m.hidden * mb, tp, tp_bw, f.link_latency)
-    if m.experts and tp > 1:
-        # of those 4 all-reduce-equivalents per layer (sequence parallel: an all-gather and a
-        # reduce-scatter around attention and around the MLP, forward and backward), the unsharded
-        # MoE layer has only its input all-gather forward and its output gradient's all-gather
-        # backward (block_plan's PrepareModuleInputOutput: the output is a local chunk): 3 of 4
-        tp_comm *= 3 / 4
-    ep_comm = 0.0
-    if m.experts and ep is not None and ep[0] > 1:
-        e, bw = ep
-        tokens = m.seq * mb
-        # dispatch + combine forward and the same backward: 4 all_to_all of tokens x top_k x h bf16.
-        # Every rank of the TP group moves all its replica's tokens on its own link (`bw`, per rank):
-        # the EP group is the replicas' ranks of one TP index (apply._apply_ep), each holding the
-        # full all-gathered sequence, so nothing here is divided by tp
-        ep_comm = n_layers * 4 * (e - 1) / e * tokens * m.top_k * m.hidden * m.dtype_bytes / bw
+    compute_fwd, elementwise = _forward_seconds(m, f, tp, n_layers, last, mb, experts_local, group_mb)
+    tp_comm, ep_comm = _comm_seconds(m, f, tp, n_layers, mb, tp_bw, ep)
     fwd = compute_fwd + elementwise + (tp_comm + ep_comm) / 2
     bwd = 2 * compute_fwd + 2 * elementwise + (tp_comm + ep_comm) / 2
     if recompute:
@@ -237,14 +201,80 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
         pf, pb, op_opt, grad_acc = stage_seconds(m.op_profile, f.flops, f.memory_bw, tp, n_layers, first, last, mb,
                                                  recompute)
         fwd, bwd = pf + (tp_comm + ep_comm) / 2, pb + (tp_comm + ep_comm) / 2
-    # memory
+    dense, eparams, layer_p = _local_params(m, tp, n_layers, first, last, experts_local)
+    memory = _memory_bytes(m, tp, n_layers, last, mb, recompute, zero, dp, in_flight, dense, eparams, layer_p)
+    shard = dp if zero >= 1 else 1
+    # the optimizer steps this rank's shard of the dense parameters and all of its experts
+    optimizer = (dense / shard + eparams) * ADAM_TRAFFIC / f.memory_bw if op_opt is None else op_opt / shard
+    if grad_acc is None:
+        # free in the analytic model: at scale the accumulation into the fp32 gradient is fused into
+        # the weight-gradient GEMM (Megatron-LM's gradient_accumulation_fusion). The op profile
+        # counts the separate add torch's autograd runs (what timed emulation charges)
+        grad_acc = 0.0
+    return ReplicaCost(fwd=fwd, bwd=bwd, tp_comm=tp_comm, ep_comm=ep_comm, params_local=dense + eparams,
+                       memory=memory, optimizer=optimizer, grad_acc=grad_acc, expert_params_local=eparams)
+
+
+def _forward_seconds(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, last: bool, mb: int,
+                     experts_local: Optional[int], group_mb: Optional[int]) -> tuple[float, float]:
+    """(compute, memory-bound elementwise) seconds of one forward, from totals: FLOPs / achieved
+    FLOP/s and 2 x activation bytes / memory bandwidth.
+
+    apply_plan's TP (hal/strategies/tensor_parallel.py) shards the blocks only: the embedding,
+    final norm, head and loss run replicated on every rank of the TP group. It leaves the MoE layer
+    unsharded (block_plan: it runs on the full activation, replicated over TP): every TP rank
+    all-gathers the sequence, routes it and runs its replica's experts on all the routed tokens, so
+    the router and expert FLOPs are not divided by tp either."""
+    moe_fl = 0.0     # FLOPs every rank of the TP group runs in full (not divided by tp)
+    if m.experts:
+        share = (experts_local if experts_local is not None else m.experts) / m.experts
+        routed = (group_mb if group_mb is not None else mb) * share
+        router = m.seq * 2 * m.hidden * m.experts                                      # per sample
+        per_sample_dense = m.layer_fwd_flops() - m.seq * 2 * m.expert_params * m.top_k - router   # attention
+        fl = n_layers * per_sample_dense * mb
+        moe_fl = n_layers * (router * mb + m.seq * 2 * m.expert_params * m.top_k * routed)
+    else:
+        fl = n_layers * m.layer_fwd_flops() * mb
+    head = m.head_fwd_flops() * mb if last else 0.0
+    compute_fwd = fl / (f.flops * tp) + (moe_fl + head) / f.flops
+    act = m.act_bytes(tp, False) * mb * n_layers
+    return compute_fwd, ELEMENTWISE_PASSES * act / f.memory_bw
+
+
+def _comm_seconds(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, mb: int, tp_bw: float,
+                  ep: Optional[tuple[int, float]]) -> tuple[float, float]:
+    """(TP, EP) communication seconds of one forward + backward, not overlapped with compute.
+
+    TP: 4 all-reduce-equivalents of b s h per layer (sequence parallel: an all-gather and a
+    reduce-scatter around attention and around the MLP, forward and backward); the unsharded MoE
+    layer has only its input all-gather forward and its output gradient's all-gather backward
+    (block_plan's PrepareModuleInputOutput: the output is a local chunk): 3 of 4.
+    EP: dispatch + combine forward and the same backward, 4 all_to_all of tokens x top_k x h. Every
+    rank of the TP group moves all its replica's tokens on its own link (`ep[1]`, per rank): the EP
+    group is the replicas' ranks of one TP index (apply._apply_ep), each holding the full
+    all-gathered sequence, so nothing here is divided by tp."""
+    tp_comm = 0.0
+    if tp > 1:
+        tp_comm = n_layers * 4 * allreduce_time(m.dtype_bytes * m.seq * m.hidden * mb, tp, tp_bw, f.link_latency)
+    if m.experts and tp > 1:
+        tp_comm *= 3 / 4
+    ep_comm = 0.0
+    if m.experts and ep is not None and ep[0] > 1:
+        e, bw = ep
+        tokens = m.seq * mb
+        ep_comm = n_layers * 4 * (e - 1) / e * tokens * m.top_k * m.hidden * m.dtype_bytes / bw
+    return tp_comm, ep_comm
+
+
+def _local_params(m: ModelFacts, tp: int, n_layers: int, first: bool, last: bool,
+                  experts_local: Optional[int]) -> tuple[float, float, float]:
+    """(dense parameters per rank, expert parameters per rank, a layer's TP-sharded parameters).
+
+    The MoE layer is replicated over TP (router and this replica's experts in full on every TP
+    rank); the attention and norms are TP-sharded; the embedding and head are whole on the first
+    and last stage's ranks."""
     layer_p, eparams = m.layer_params, 0.0
     if m.experts:
-        # the MoE layer is replicated over TP (router and this replica's experts in full on every TP
-        # rank), and its experts are left out of DDP and FSDP2 (apply._apply_dp: ddp_ignore_experts,
-        # fully_shard(..., ignored_params=expert_params(block))): whatever the ZeRO level each rank
-        # keeps their weights, gradients and AdamW state whole, and their gradients are reduced only
-        # across expert-DP copies (expert_parallel.reduce_expert_grads), never by DDP/FSDP2
         router_p = m.hidden * m.experts
         layer_p = layer_p - m.expert_params * m.experts - router_p     # attention and norms: TP-sharded
         eparams = n_layers * m.expert_params * (experts_local if experts_local is not None else m.experts)
@@ -252,7 +282,18 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     else:
         dense = n_layers * layer_p / tp
     dense += (m.embed_params if first else 0) + (m.embed_params if last else 0)
-    params = dense + eparams
+    return dense, eparams, layer_p
+
+
+def _memory_bytes(m: ModelFacts, tp: int, n_layers: int, last: bool, mb: int, recompute: bool, zero: int, dp: int,
+                  in_flight: int, dense: float, eparams: float, layer_p: float) -> float:
+    """Peak bytes per rank: parameter state, DDP's buckets, activations kept, backward's working set
+    or the loss (whichever is larger), ZeRO-3's gathered layers, the bridge's staging.
+
+    Experts are left out of DDP and FSDP2 (apply._apply_dp: ddp_ignore_experts,
+    fully_shard(..., ignored_params=expert_params(block))): whatever the ZeRO level each rank keeps
+    their weights, gradients and AdamW state whole (16 B/parameter), and their gradients are
+    reduced only across expert-DP copies (expert_parallel.reduce_expert_grads)."""
     per_param = {0: 16.0, 1: 4 + 12 / dp, 2: 2 + 14 / dp, 3: 16 / dp}[zero]
     state = dense * per_param + eparams * 16.0
     act_keep = m.act_bytes(tp, recompute) * mb * n_layers * in_flight
@@ -260,22 +301,12 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     # the size of what the layer saved); under full recompute that layer's activations come back too
     act_work = m.act_bytes(tp, False) * mb * (2 if recompute else 1)
     # the loss on the last stage: fp32 logits, their log-softmax, and in backward the gradients of
-    # both (torch's cross_entropy; measured on emulated runs: tests/test_planner_memory.py). It and
-    # the layer working set are not live at once (the loss's backward runs before the layers'), so
-    # the larger of the two counts.
+    # both (torch's cross_entropy; tests/test_planner_memory.py checks it against emulated runs). It
+    # and the layer working set are not live at once (the loss's backward runs before the layers'),
+    # so the larger of the two counts.
     loss = (LOSS_COPIES * 4 * m.seq * m.vocab * mb) if last else 0.0
     zero3_gather = (m.dtype_bytes * layer_p / tp * 2) if zero == 3 else 0.0       # two layers gathered ahead
     # torch DDP (zero 0, dp > 1; apply_plan's data parallel) keeps its gradient buckets apart from
     # .grad (gradient_as_bucket_view is off): one more fp32 gradient per parameter it reduces
     buckets = dense * GRAD_BYTES if zero == 0 and dp > 1 else 0.0
-    memory = state + buckets + act_keep + max(act_work, loss) + zero3_gather + BRIDGE_STAGING
-    shard = dp if zero >= 1 else 1
-    # the optimizer steps this rank's shard of the dense parameters and all of its experts
-    optimizer = (dense / shard + eparams) * ADAM_TRAFFIC / f.memory_bw if op_opt is None else op_opt / shard
-    if grad_acc is None:
-        # assumed free in the analytic model: at scale the accumulation into the fp32 gradient is
-        # fused into the weight-gradient GEMM (Megatron-LM's gradient_accumulation_fusion). The op
-        # profile counts the separate add torch's autograd runs (what timed emulation charges)
-        grad_acc = 0.0
-    return ReplicaCost(fwd=fwd, bwd=bwd, tp_comm=tp_comm, ep_comm=ep_comm, params_local=params,
-                       memory=memory, optimizer=optimizer, grad_acc=grad_acc, expert_params_local=eparams)
+    return state + buckets + act_keep + max(act_work, loss) + zero3_gather + BRIDGE_STAGING

@@ -6,8 +6,8 @@ the op's tensor inputs and outputs, as the host runs them).
 With a profile the cost model prices a stage op by op, sum over ops of max(flops / F, bytes / B) (a
 roofline per op), instead of (total FLOPs / F + activation bytes / B). The totals cannot tell that a
 small layer's matmuls are memory-bound one by one, nor count the elementwise ops (norms, rotary,
-SwiGLU, residuals, the loss) and the optimizer's traffic; on timed-emulated runs of a small GPT the
-totals predicted a third of the measured step (benchmarks/planner_prediction.py, docs/planner.md).
+SwiGLU, residuals, the loss) and the optimizer's traffic, which set a small layer's time (the
+prediction error of both on timed-emulated runs: docs/planner.md, "Prediction error").
 
     prof = OpProfile(model_cfg)                 # dtype: what the run computes in (float32 on a CPU)
     ModelFacts(model_cfg, dtype_bytes=4, op_profile=prof)    # the cost model then uses it

@@ -3,7 +3,7 @@ the predicted step, and the efficiency against the ideal and the even layout; an
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Optional, Sequence
+from typing import Sequence
 
 from .facts import ChipFacts
 from .simulate import Layout, SimResult
@@ -26,6 +26,7 @@ def ranges(ranks: Sequence[int]) -> str:
 
 
 def _table(rows: list[list[str]]) -> str:
+    """Left-aligned columns, a rule under the header row."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -33,6 +34,7 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def facts_table(facts: Sequence[ChipFacts]) -> str:
+    """Every figure of every sub-cluster with its source (the first table of `hal plan`)."""
     rows = [["sub-cluster", "figure", "value", "source"]]
     for f in facts:
         for i, (name, value, src) in enumerate(f.describe()):
@@ -41,6 +43,7 @@ def facts_table(facts: Sequence[ChipFacts]) -> str:
 
 
 def plan_table(layout: Layout) -> str:
+    """One row per stage: layers, chips, ranks, TP, DP, rows and experts per replica by chip, recompute."""
     rows = [["stage", "layers", "chip(s)", "ranks", "tp", "dp", "rows per replica (by chip)", "recompute", "experts"]]
     for s, st in enumerate(layout.stages):
         chips = list(dict.fromkeys(r.facts.name for r in st.reps))
@@ -62,6 +65,7 @@ def plan_table(layout: Layout) -> str:
 
 
 def step_table(sim: SimResult) -> str:
+    """Per sub-cluster: MFU, busy / comm / bubble / idle shares of the step, peak memory against capacity."""
     by = defaultdict(list)
     for r in sim.ranks:
         by[r.sub_cluster].append(r)
@@ -79,6 +83,7 @@ def step_table(sim: SimResult) -> str:
 
 
 def _peak_memory(sim: SimResult) -> dict[str, float]:
+    """The largest rank's memory per sub-cluster."""
     out: dict[str, float] = {}
     for r in sim.ranks:
         out[r.sub_cluster] = max(out.get(r.sub_cluster, 0.0), r.memory_bytes)
@@ -106,6 +111,7 @@ def summary(result, model_name: str, batch: int, seq: int) -> dict:
 
 
 def efficiency_lines(result) -> str:
+    """This plan, the best even layout and the ideal side by side (tokens/s, step, share of the ideal)."""
     ideal = result.ideal_tokens_per_s
     lines = [f"{'':12} {'tokens/s':>12} {'step (s)':>9} {'of ideal':>9}",
              f"{'this plan':12} {result.best.sim.tokens_per_s:12.0f} {result.best.sim.step_time_s:9.3f} {result.efficiency:9.1%}"]
