@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from hal.contract.errors import HalError
+from hal.strategies.schedule import ORDERED_SCHEDULES
 
 
 class MeshError(HalError, ValueError):
@@ -298,7 +299,8 @@ class HeteroMesh:
         chains = self.chains()
         if chains is None:
             raise MeshError("the plan's stages differ in DP/TP degree or row ranges, so there are no equal "
-                            "chains for torch's schedules; use the hetero runtime (1F1B or GPipe)")
+                            "chains for torch's schedules; use the hetero runtime "
+                            f"({' or '.join(ORDERED_SCHEDULES)})")
         mine = None
         for chain in chains:
             grp = self._group(sorted(set(chain)), timeout)

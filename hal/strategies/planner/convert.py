@@ -4,11 +4,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..plan import Plan, Replica, Stage
+from ..schedule import Schedule
 from .facts import ChipFacts
-from .simulate import Layout, RepSpec, StageSpec
+from .layout import Layout, RepSpec, StageSpec
 
 
-def to_plan(layout: Layout, model_name: str, schedule: str = "1F1B") -> Plan:
+def to_plan(layout: Layout, model_name: str, schedule: Schedule | str = Schedule.ONE_F_ONE_B) -> Plan:
     """The Plan of a layout: experts are numbered consecutively over each EP group's replicas (the
     stage's replicas when `StageSpec.ep` is None; else blocks of ep replicas, each numbered alike)."""
     stages = []
