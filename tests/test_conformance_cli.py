@@ -142,7 +142,7 @@ def test_list_shows_ids_with_what_they_verify(capsys):
 def test_pytest_plugin_runs_checks_as_items(tmp_path):
     """As a vendor's CI runs it: a fresh interpreter, `pytest -p hal.conformance --hal-plugin NAME -k ...`."""
     junit = tmp_path / "j.xml"
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "conformance", "-q", "-p", "no:cacheprovider",
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "hal.conformance", "-q", "-p", "no:cacheprovider",
                         "--hal-plugin", "cpu", "--hal-level", "contract", "-k", "registers or plausible",
                         f"--junitxml={junit}", f"--hal-json={tmp_path / 'r.json'}"],
                        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
@@ -158,7 +158,7 @@ def test_pytest_plugin_reports_a_failing_check(tmp_path, capsys):
     # In-process (the contract level needs no worker pool): the failing item is the check's id,
     # and its report says what was expected and what came.
     junit = tmp_path / "j.xml"
-    rc = pytest.main(["-p", "conformance", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+    rc = pytest.main(["-p", "hal.conformance", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
                       "--hal-plugin", "tests.broken_plugins.bad_profile_units", "--hal-level", "contract",
                       f"--junitxml={junit}"])
     out = capsys.readouterr().out

@@ -92,7 +92,12 @@ def leader_all_reduce(fx: Fabric, flat: torch.Tensor, op: str) -> None:
 
 
 class _Chunk:
+    """One chunk of the rail path, advanced through its stages by `rail_all_reduce`."""
     __slots__ = ("start", "length", "slot", "buf", "shard", "host", "handle", "stage", "padded")
+    buf: torch.Tensor     # the chunk, padded to whole parts (set at stage 0)
+    shard: torch.Tensor   # this rank's reduced parts (stage 0)
+    host: torch.Tensor    # the shard in host memory (stage 1)
+    padded: bool
 
     def __init__(self, start: int, length: int, slot: int):
         self.start, self.length, self.slot = start, length, slot

@@ -106,7 +106,7 @@ def _routes(topo: RailLayout, me: int) -> _RankRoutes:
     take_from = tuple((t, () if t == me else tuple(d for d in cross if relay(t, d) == me)) for t in mates)
     rails = []
     for rail in topo.rails_of(me):
-        per_member = []
+        per_member: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
         for peer in rail.members:
             if peer == me:
                 per_member.append(((), ()))
@@ -197,10 +197,9 @@ def _exchange(fx: Fabric, ccl, out: torch.Tensor, pieces: list[Piece],
         for buf, start, length in pieces:
             send[off:off + length].copy_(buf[start:start + length], non_blocking=True)
             off += length
-    recv = None if staged else _run([(out, o, n) for _, o, n in lands])
-    direct = recv is not None
-    if not direct:
-        recv = fx.scratch.get(slot + ("out",), sum(recv_sizes), out.dtype, dev)
+    view = None if staged else _run([(out, o, n) for _, o, n in lands])
+    direct = view is not None
+    recv = view if view is not None else fx.scratch.get(slot + ("out",), sum(recv_sizes), out.dtype, dev)
     if host:
         fx.host_ready()
     h = ccl.all_to_all_single(recv, send, recv_sizes, send_sizes)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 from datetime import timedelta
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch._C import _distributed_c10d as c10d
@@ -152,9 +152,10 @@ class Ccl:
         self.timeout = timeout
         # A device CCL's works are waited with the group timeout (host CPU fabrics enforce their own).
         self._wait_timeout = timeout if timeout is not None and device.type != "cpu" else None
-        self._ag = getattr(pg, "_allgather_base", None) or getattr(pg, "all_gather_single", None)
-        self._rs = getattr(pg, "_reduce_scatter_base", None) or getattr(pg, "reduce_scatter_single", None)
-        self._a2a = getattr(pg, "alltoall_base", None) or getattr(pg, "all_to_all_single", None)
+        # the single-tensor collectives under their torch name of this version (None: the CCL has none)
+        self._ag: Any = getattr(pg, "_allgather_base", None) or getattr(pg, "all_gather_single", None)
+        self._rs: Any = getattr(pg, "_reduce_scatter_base", None) or getattr(pg, "reduce_scatter_single", None)
+        self._a2a: Any = getattr(pg, "alltoall_base", None) or getattr(pg, "all_to_all_single", None)
         self._routes: dict[tuple, str] = {}
         self.route_counts: dict[tuple, int] = {}
 
@@ -379,7 +380,10 @@ class Ccl:
     @_guarded
     def gather(self, out: Optional[torch.Tensor], inp: torch.Tensor, root: int) -> Handle:
         """Flat `inp`; at `root`, `out` holds size * inp.numel() elements (else None)."""
+        if self.rank == root:
+            assert out is not None, "gather: the root needs an output tensor"
         if self.size == 1:
+            assert out is not None
             out.view(-1).copy_(inp.view(-1))
             return DONE
         r = self.route("gather", inp.dtype)
@@ -390,6 +394,7 @@ class Ccl:
             vi, nb, _ = _bits(inp, carrier) if r != "native" else (inp, 0, None)
             outs, pad = [], None
             if self.rank == root:
+                assert out is not None
                 vo, _, pad = _bits(out, carrier, blocks=self.size) if r != "native" else (out.view(-1), 0, None)
                 m = vo.numel() // self.size
                 outs = [[vo[i * m:(i + 1) * m] for i in range(self.size)]]
@@ -397,12 +402,18 @@ class Ccl:
             return Handle([w], (lambda: _unbits(out, pad, nb, self.size)) if pad is not None else None, stage)
         stack = torch.empty((self.size * inp.numel(),), dtype=inp.dtype, device=inp.device)
         h = self.all_gather_into_tensor(stack, inp)
-        return Handle([h], (lambda: out.view(-1).copy_(stack)) if self.rank == root else None, stage)
+        if self.rank != root or out is None:
+            return Handle([h], None, stage)
+        dst = out
+        return Handle([h], lambda: dst.view(-1).copy_(stack), stage)
 
     @_guarded
     def scatter(self, out: torch.Tensor, inp: Optional[torch.Tensor], root: int) -> Handle:
         """Flat `out`; at `root`, `inp` holds size * out.numel() elements."""
+        if self.rank == root:
+            assert inp is not None, "scatter: the root needs an input tensor"
         if self.size == 1:
+            assert inp is not None
             out.view(-1).copy_(inp.view(-1))
             return DONE
         r = self.route("scatter", out.dtype)
@@ -414,13 +425,14 @@ class Ccl:
             vo, nb, pad = _bits(out, carrier) if r != "native" else (out.view(-1), 0, None)
             ins = []
             if self.rank == root:
+                assert inp is not None
                 vi, _, _ = _bits(inp, carrier, blocks=self.size) if r != "native" else (inp.view(-1), 0, None)
                 m = vi.numel() // self.size
                 ins = [[vi[i * m:(i + 1) * m] for i in range(self.size)]]
             w = self.pg.scatter([vo], ins, opts)
             return Handle([w], (lambda: _unbits(out, pad, nb)) if pad is not None else None, stage)
-        full = inp.reshape(-1).clone() if self.rank == root else torch.empty(self.size * n, dtype=out.dtype,
-                                                                              device=out.device)
+        full = inp.reshape(-1).clone() if inp is not None and self.rank == root else \
+            torch.empty(self.size * n, dtype=out.dtype, device=out.device)
         h = self.broadcast(full, root)
         return Handle([h], lambda: out.view(-1).copy_(full[self.rank * n:(self.rank + 1) * n]), stage)
 

@@ -73,7 +73,7 @@ class Fingerprint:
 def _decode(row: Sequence[int], dtype_names: dict) -> str:
     seq, op, dt, ndim, numel, root, red = (int(x) for x in row[:7])
     dims = [int(x) for x in row[7:]]
-    shape = tuple(dims[:ndim]) if ndim >= 0 else None
+    shape: Optional[tuple] = tuple(dims[:ndim]) if ndim >= 0 else None
     if ndim > MAX_DIMS:
         shape = tuple(dims) + ("...",)
     text = f"{OPS[op] if 0 <= op < len(OPS) else op} {dtype_names.get(dt, dt)}"

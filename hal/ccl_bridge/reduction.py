@@ -50,10 +50,6 @@ class ReduceSpec:
     premul: Optional[float] = None     # PREMUL_SUM factor, applied to the input
     average: bool = False              # divide by the group size at the end
 
-    @property
-    def torch_op(self):
-        return TORCH_OP[self.inner]
-
 
 def reduce_spec(op, dtype: torch.dtype) -> ReduceSpec:
     """Turn torch's ReduceOp (object or RedOpType) into a `ReduceSpec`, refusing what torch refuses."""

@@ -81,9 +81,10 @@ class BridgeWork(dist._Work):
 
     # ---- user side ----
     def wait(self, timeout: Optional[timedelta] = None) -> bool:
-        limit = None
+        limit, limit_s = None, 0.0
         if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
-            limit = time.monotonic() + timeout.total_seconds()
+            limit_s = timeout.total_seconds()
+            limit = time.monotonic() + limit_s
         budget = self._timeout_s + self._grace_s
         while not self._event.is_set():
             now = time.monotonic()
@@ -102,7 +103,7 @@ class BridgeWork(dist._Work):
             if left <= 0 and (limit is not None or self._started is not None):
                 err = BridgeTimeoutError(
                     f"group {self.group!r}, op {self.op} (collective #{self.seq}) did not complete within "
-                    f"{timeout.total_seconds() if limit is not None and deadline == limit else budget:.1f}s"
+                    f"{limit_s if limit is not None and deadline == limit else budget:.1f}s"
                     f"{'' if self._started is not None else ' (still queued behind an earlier collective)'}",
                     op=self.op, seq=self.seq, group=self.group)
                 if self._state is not None and (limit is None or deadline != limit):
@@ -153,6 +154,10 @@ class GroupState:
             self._on_break(err)
 
 
+# a submitted collective: (what to run, its work, how a raised error is typed)
+_Job = tuple[Callable[[], Any], BridgeWork, Callable[[BaseException], BaseException]]
+
+
 class Executor:
     """One thread per group that runs jobs in submission order, plus one that finishes point-to-point
     jobs: a send/recv job only issues its inner op (returns a `Handle`), so a rank's later jobs are
@@ -160,7 +165,7 @@ class Executor:
 
     def __init__(self, name: str, thread_init: Optional[Callable[[], None]] = None):
         self._init = thread_init
-        self._q: "queue.Queue[Optional[tuple[Callable[[], Any], BridgeWork]]]" = queue.Queue()
+        self._q: "queue.Queue[Optional[_Job]]" = queue.Queue()
         self._p2p: "queue.Queue[Optional[tuple[Handle, BridgeWork, Callable]]]" = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name=f"hetero-{name}", daemon=True)
         self._finisher = threading.Thread(target=self._finish_loop, name=f"hetero-{name}-p2p", daemon=True)

@@ -31,7 +31,7 @@ import os
 import shlex
 import socket
 import sys
-from typing import Optional
+from typing import Mapping, Optional
 
 from hal import envs
 
@@ -117,7 +117,7 @@ def _default_emulate(nproc):
     return f"cuda:{(nproc + 1) // 2},ascend:{nproc // 2}"
 
 
-def check(args: argparse.Namespace, environ: dict) -> tuple[int, dict]:
+def check(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[int, dict]:
     """Every flag, chip variable and output path, before torchrun starts (hal.launch.check)."""
     from hal.launch.check import LaunchError, check_float, check_int, check_output_path, plan_ranks
     from hal.bench.harness import parse_size, size_ladder

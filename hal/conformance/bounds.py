@@ -72,7 +72,7 @@ def call_bounded(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
     th.start()
     th.join(timeout_s)
     if th.is_alive():
-        frame = sys._current_frames().get(th.ident)
+        frame = sys._current_frames().get(th.ident) if th.ident is not None else None
         where = _frames(traceback.extract_stack(frame)) if frame is not None else "unknown"
         raise Hung(f"{what} did not return within {timeout_s:g} s (a hang); stuck at {where}")
     if "error" in box:

@@ -34,7 +34,7 @@ class CheckItem(pytest.Item):
         if res.status == "not_applicable":
             pytest.skip(f"not applicable: {res.message}")
 
-    def repr_failure(self, excinfo: Any, style: Any = None) -> str:
+    def repr_failure(self, excinfo: Any, style: Any = None) -> Any:
         if isinstance(excinfo.value, CheckFailure):
             return f"{self.check.id} ({self.check.doc}):\n{excinfo.value}"
         return super().repr_failure(excinfo, style)

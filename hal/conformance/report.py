@@ -56,11 +56,8 @@ class Report:
         """True when no selected check failed (skipped checks are listed with their reasons)."""
         return self.summary["failed"] == 0
 
-    def failed_ids(self) -> list[str]:
-        return [r.id for r in self.results if r.status == "failed"]
-
-    def by_level(self) -> dict[str, dict[str, int]]:
-        table: dict[str, dict[str, int]] = {}
+    def by_level(self) -> dict[str, dict[str, float]]:
+        table: dict[str, dict[str, float]] = {}
         for r in self.results:
             row = table.setdefault(r.level, {**{s: 0 for s in STATUSES}, "seconds": 0.0})
             row[r.status] += 1

@@ -92,6 +92,8 @@ def default_nproc(target: "Target") -> int:
     passes --nproc up to its device count, 4 or more to cover an odd world size)."""
     if target.emulated or target.record is None:
         return 4
+    if target.pm is None:
+        return 2
     try:
         return 4 if target.pm.chip(target.chip).torch_device_type == "cpu" else 2
     except Exception:

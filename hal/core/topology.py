@@ -99,10 +99,6 @@ class Rail:
     first_part: int
     end_part: int             # parts [first_part, end_part)
 
-    @property
-    def nparts(self) -> int:
-        return self.end_part - self.first_part
-
     def label(self) -> str:
         return f"rail {self.index} (ranks {list(self.members)}, parts {self.first_part}..{self.end_part - 1})"
 
@@ -147,9 +143,6 @@ class RailLayout:
         """The first rail that has `rank` as a member (None in leader-only mode for a non-leader)."""
         ids = self._rails_of[rank]
         return self.rails[ids[0]] if ids else None
-
-    def leader_of(self, cluster: int) -> int:
-        return self.subclusters[cluster].ranks[0]
 
     def describe(self) -> dict:
         return {"subclusters": [{"chip": s.chip, "emulated": s.emulated, "ranks": list(s.ranks)}

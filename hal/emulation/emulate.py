@@ -13,7 +13,7 @@ Speed (by default an emulated chip computes at the host's speed):
   than the real chip the emulated one runs; it must keep the host ahead (`clock.stats()` counts
   overruns). `HAL_EMULATE_TIMED_DTYPE` (default bfloat16): the dtype every op is charged at.
   `HAL_EMULATE_TIMED_MATRIX=<file or dir>`: measured efficiency matrices to charge at instead.
-- `HAL_EMULATE_DILATION=1` (the older way): slows each emulated chip in wall time by the ratio of the
+- `HAL_EMULATE_DILATION=1`: slows each emulated chip in wall time by the ratio of the
   fastest mapped chip's peak bf16 FLOP/s to its own, sleeping in proportion to the process's CPU
   time (see `runtime.EmulatedRuntime`); wrong under CPU contention. Exclusive with timed emulation.
 

@@ -54,8 +54,8 @@ _live: "weakref.WeakSet[StridedSafeGloo]" = weakref.WeakSet()
 @atexit.register
 def _release_all() -> None:
     """Drop the inner gloo groups while the interpreter is whole: destroyed later, during teardown,
-    gloo's threads could be left joinable ("terminate called without an active exception", seen
-    about once in 6 exits of a process holding two of these groups)."""
+    gloo's threads could be left joinable, and the process aborts at exit ("terminate called
+    without an active exception")."""
     for pg in list(_live):
         pg._gloo = None
 

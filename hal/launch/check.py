@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from hal import envs
 from hal.contract.errors import HalError
@@ -139,7 +139,7 @@ def check_emulate_map(where: str, text: str, environ: Optional[dict] = None) -> 
     return _emulate_count(where, text, _plugin_manager(env))
 
 
-def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: dict,
+def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: Mapping[str, str],
                default_emulate: Callable[[Optional[int]], str], min_ranks: int = 1,
                emulate_label: Optional[str] = None, cluster_label: Optional[str] = None,
                nproc_hint: str = "pass --nproc N", nproc_label: str = "--nproc") -> tuple:

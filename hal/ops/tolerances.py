@@ -142,8 +142,3 @@ def tolerance(op: str, dtype: Union[torch.dtype, str]) -> tuple[float, float]:
         raise UnknownOpError(f"no tolerance for op {op!r}; HAL ops are {list(OP_NAMES)}")
     return TOLERANCES[(op, _dtype_key(dtype))]
 
-
-def describe_table() -> list[dict]:
-    """The table as rows (op, dtype, rtol, atol, why) for docs and `hal ops-check --json`."""
-    return [{"op": op, "dtype": key, "rtol": TOLERANCES[(op, key)][0], "atol": TOLERANCES[(op, key)][1],
-             "why": RULES[op].why} for op in OP_NAMES for key in DTYPES]

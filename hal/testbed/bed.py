@@ -226,6 +226,7 @@ class Testbed:
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              start_new_session=True)
         self._inits[h] = p
+        assert p.stdout is not None and p.stderr is not None  # both PIPE
         ready, _, _ = select.select([p.stdout], [], [], 20.0)
         line = p.stdout.readline().decode().strip() if ready else ""
         if line != "ready":

@@ -93,7 +93,7 @@ class Job:
         self.port = master_port or next(_ports)
         self.started = time.monotonic()
         self._dir = tempfile.TemporaryDirectory(prefix=f"hal-testbed-{bed.name}-")
-        self.procs: list[Optional[subprocess.Popen]] = []
+        self.procs: list[subprocess.Popen] = []
         self._files = []
         for h in range(bed.spec.hosts):
             e = job_env(bed, h, {**(env or {}), **((hosts_env or {}).get(h, {}))})

@@ -12,7 +12,7 @@ links, not their absolute speed (which this host's CPU could not carry).
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 from .errors import TestbedSpecError
@@ -140,11 +140,6 @@ class BedSpec:
             raise TestbedSpecError(f"cluster {cluster.name!r}: nodes {nodes} are not 0..{len(nodes) - 1}")
         return cls(ranks=tuple(len(per_node[n]) for n in nodes), links=tuple(tuple(per_node[n]) for n in nodes),
                    chips=tuple(chips), **kw)
-
-    def with_link(self, host: int, nic: int, shape: LinkShape) -> "BedSpec":
-        links = [list(l) for l in self.links]
-        links[host][nic] = shape
-        return replace(self, links=tuple(tuple(l) for l in links))
 
     @property
     def world_size(self) -> int:

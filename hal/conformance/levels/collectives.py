@@ -56,7 +56,7 @@ def _cases(collective: str, dtype: str, op, world: int, sizes=SIZES, layouts=LAY
     world > 2) and split (all_to_all: even and uneven) of one combination."""
     from .collective_calls import ROOTED, Case
     shapes = [(n, "contiguous") for n in sizes] + [(LAYOUT_SIZE, lay) for lay in layouts if lay != "contiguous"]
-    out = []
+    out: list = []
     for n, layout in shapes:
         if collective in ROOTED:
             out.extend(Case(collective, dtype, op, n, root=r, layout=layout) for r in range(world))
@@ -130,7 +130,7 @@ def check_collective(ctx, collective: str, dtype: str, op, world_sizes=(2,)) -> 
         raise CheckFailed(f"required of every chip's CCL ({need} issues {label}), but the capability matrix does "
                           f"not declare it (a refusal is not a pass)")
     if declared:
-        total, notes = 0, []
+        total, notes = 0, list[str]()
         for w in world_sizes:
             group = ctx.ccl(w)
             cases = world_cases(collective, dtype, op, w, max(world_sizes))

@@ -130,7 +130,7 @@ _NORM_SCALE = {torch.float16: 1e3, torch.bfloat16: 1e3, torch.float32: 1e15, tor
 def range_cases(op: str, d: torch.dtype, seed: int = 0) -> list[OpCase]:
     """A `range` case per op where one exists: inputs spanning the dtype's range (see above)."""
     s = _NORM_SCALE[d]
-    make = {
+    makers: dict[str, Callable] = {
         "rms_norm": lambda g, dev: ((_r(g, (5, 64), d, dev, s), _r(g, (64,), d, dev, 0.1, 1.0)), {}),
         "layer_norm": lambda g, dev: ((_r(g, (5, 64), d, dev, s), _r(g, (64,), d, dev, 0.1, 1.0),
                                        _r(g, (64,), d, dev, 0.1)), {}),
@@ -142,7 +142,8 @@ def range_cases(op: str, d: torch.dtype, seed: int = 0) -> list[OpCase]:
         "swiglu": lambda g, dev: ((_r(g, (5, 38), d, dev, 100.0),), {}),
         "embedding": lambda g, dev: ((torch.randint(0, 50, (23,), generator=g).to(dev),
                                       _whole_range(g, (50, 16), d, dev)), {}),
-    }.get(op)
+    }
+    make = makers.get(op)
     return [_case(op, "range", d, seed, make)] if make else []
 
 

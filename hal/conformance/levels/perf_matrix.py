@@ -22,7 +22,9 @@ def assemble(ctx: LocalContext) -> EfficiencyMatrix:
     if not passed:
         raise CheckFailed("no perf measurement produced figures: "
                           + "; ".join(f"{cid} {r.status}: {r.message}" for cid, r in ran.items()))
-    meta, fields, ccl = {}, {"matmul": [], "memory_bandwidth": [], "collectives": []}, "not measured"
+    meta: dict = {}
+    fields: dict[str, list] = {"matmul": [], "memory_bandwidth": [], "collectives": []}
+    ccl = "not measured"
     for cid, r in passed.items():
         data = r.data
         if isinstance(data, list):  # a multi-rank check: rank 0 carries the figures
