@@ -42,7 +42,7 @@ def rank_case(hidden: int, layers: int, repeats: int, out: str) -> dict:
 
     if not dist.is_initialized():
         dist.init_process_group("hetero", timeout=timedelta(seconds=120))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = dist.get_world_size()
     topo = Topology.from_env(world_size=world)
     cfg = ModelConfig(name="bench", layers=layers, hidden=hidden, heads=8, ffn=4 * hidden, vocab=256, seq=64)
     plan = Plan.even(topo, cfg, 8, 2, pp=2)

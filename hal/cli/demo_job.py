@@ -42,7 +42,8 @@ def parse(argv=None) -> argparse.Namespace:
 
 def demo_config(steps: int, global_batch: int, run_dir: Path, backend: str = "hetero", timeout_s: float = 120.0):
     """The demo as a `hal train` config: the GPT of MODEL (its TOML written into `run_dir`), the Python
-    standard library's bytes, constant lr AdamW, Plan.even (DDP), no checkpoints, progress every tenth."""
+    standard library's bytes, constant lr AdamW, Plan.even (DDP), no checkpoints, no slow-node or slow-link
+    findings, progress every tenth."""
     from hal.trainer.config import TrainConfig
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -54,6 +55,8 @@ def demo_config(steps: int, global_batch: int, run_dir: Path, backend: str = "he
                        model={"path": str(model)}, data={"max_bytes": 1 << 20},
                        optimizer={"lr": LR, "warmup_steps": 0, "min_lr_ratio": 1.0},
                        plan={"source": "even"}, checkpoint={"enabled": False},
+                       # steps of milliseconds on a shared CPU: its jitter is no slow node or link to report
+                       slow_node={"threshold": 1e3, "link_threshold": 1e3},
                        log={"dir": str(run_dir), "val_interval": 0, "val_batches": 1,
                             "print_interval": max(1, steps // 10)})
 

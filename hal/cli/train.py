@@ -168,7 +168,8 @@ def _finished(cfg) -> bool:
     figures = (f": final validation loss {s['final_val_loss']:.4f} nats, efficiency {pct(s.get('efficiency'))}, "
                f"Plan.even {pct(s.get('even_efficiency'))} ({(cfg.run_dir / 'summary.json').resolve()})"
                if isinstance(s.get("final_val_loss"), (int, float)) else "")
-    print(f"hal train: {cfg.run_dir.resolve()} already holds this run finished at step {done} of {cfg.last_step}{figures}; "
+    print(f"hal train: {cfg.run_dir.resolve()} already holds this run finished at step {done} of {cfg.last_step}"
+          f"{figures}; "
           f"nothing to train. For a new run pass --run-dir DIR (or remove that folder); to train on, raise "
           f"--steps.", flush=True)
     return True

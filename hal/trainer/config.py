@@ -60,8 +60,10 @@ class OptimizerSection(_Section):
 class ClusterSection(_Section):
     spec: Optional[str] = Field(default=None, description="cluster spec TOML; None = HAL_EMULATE / HAL_CLUSTER")
     emulate: Optional[str] = Field(default=None, description="HAL_EMULATE map for a local run, e.g. cuda:2,ascend:2")
-    timed: bool = Field(default=False, description="timed emulation for a local run (HAL_EMULATE_TIMED=1, hal.emulation.timed)")
-    time_scale: Optional[float] = Field(default=None, gt=0, description="HAL_EMULATE_TIME_SCALE; None = hal.emulation.timed's default")
+    timed: bool = Field(default=False,
+                        description="timed emulation for a local run (HAL_EMULATE_TIMED=1, hal.emulation.timed)")
+    time_scale: Optional[float] = Field(default=None, gt=0,
+                                        description="HAL_EMULATE_TIME_SCALE; None = hal.emulation.timed's default")
 
 
 class PlanSection(_Section):
@@ -86,7 +88,8 @@ class CheckpointSection(_Section):
     interval: int = Field(default=0, ge=0, description="steps between checkpoints; 0 = only at the end")
     resume: bool = Field(default=True, description="resume from the latest checkpoint in dir when there is one")
     enabled: bool = True
-    async_save: bool = Field(default=True, description="dcp.async_save: write in a background thread (the final one waits)")
+    async_save: bool = Field(default=True,
+                             description="dcp.async_save: write in a background thread (the final one waits)")
 
 
 class LogSection(_Section):
@@ -97,7 +100,8 @@ class LogSection(_Section):
 
 
 class SlowNodeSection(_Section):
-    threshold: float = Field(default=0.5, gt=0, description="slow = compute > (1 + threshold) x expected (hal.trainer.slow_node)")
+    threshold: float = Field(default=0.5, gt=0,
+                             description="slow = compute > (1 + threshold) x expected (hal.trainer.slow_node)")
     window: int = Field(default=5, ge=1, description="steps whose median the detector compares")
     link_threshold: float = Field(default=0.1, gt=0, description="slow link = a rank's link issue time above its "
                                   "peers' by more than this share of the step (hal.trainer.slow_node)")
@@ -110,7 +114,8 @@ class EfficiencySection(_Section):
     steps: int = Field(default=8, ge=2, description="--measure-parts: steps of each sub-cluster alone and of Plan.even")
     skip: int = Field(default=2, ge=0, description="first steps left out of the tokens/s medians (start-up)")
     part: bool = Field(default=False, description="set by --measure-parts on its own runs (no efficiency lines)")
-    part_even: bool = Field(default=True, description="--measure-parts: also measure each sub-cluster with Plan.even; the best counts")
+    part_even: bool = Field(default=True, description="--measure-parts: also measure each sub-cluster with "
+                            "Plan.even; the best counts")
 
 
 class FaultEntry(_Section):
@@ -155,8 +160,8 @@ class DebugSection(_Section):
 class TrainConfig(_Section):
     seed: int = 0
     steps: int = Field(ge=1, description="steps of the schedule (cosine decays to its end)")
-    stop_after: Optional[int] = Field(default=None, ge=1,
-                                      description="stop at this step (checkpoint written) without changing the schedule")
+    stop_after: Optional[int] = Field(
+        default=None, ge=1, description="stop at this step (checkpoint written) without changing the schedule")
     global_batch: int = Field(ge=1, description="sequences per step over the whole cluster")
     backend: Literal["hetero", "gloo"] = "hetero"
     timeout_s: float = Field(default=120.0, gt=0, description="bound of every collective")

@@ -369,7 +369,8 @@ class RunMetrics:
                                        f"speed, so this MFU says nothing about the chip")}
                           for c, i in zip(self.chips, self.info)},
             "work_shares": self.shares,
-            "split_measure": ("hal.emulation.timed virtual timeline: bubble = chip idle until p2p ops completed, comm = "
+            "split_measure": ("hal.emulation.timed virtual timeline: bubble = chip idle until p2p ops completed, "
+                              "comm = "
                               "idle until other collectives completed" if self.timed else
                               "host: bubble = training thread blocked in pipeline receives, comm = the rest "
                               "of its off-CPU time (collectives, peers, and CPU contention)"),

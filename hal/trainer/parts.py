@@ -88,8 +88,8 @@ def cluster_spec_path(cfg) -> Optional[Path]:
 
 def spec_toml(spec, subs: list) -> str:
     """A cluster spec TOML (hal.core.cluster's format) of `subs` (SubCluster) under `spec`'s name."""
-    lines = [f"name = {_value(spec.name)}",
-             f"description = {_value(f'--measure-parts: ' + ', '.join(x.name for x in subs) + ' of ' + (spec.source or spec.name))}"]
+    what = "--measure-parts: " + ", ".join(x.name for x in subs) + " of " + (spec.source or spec.name)
+    lines = [f"name = {_value(spec.name)}", f"description = {_value(what)}"]
     for i, sub in enumerate(subs):
         lines.append("\n[[sub_clusters]]")
         for k, v in sub.model_dump().items():
@@ -222,12 +222,16 @@ def report(eff: dict, timed: bool, plan_source: str) -> list[str]:
     """The lines the run ends with."""
     def r(x):
         return "n/a" if x is None else f"{x:,.0f}"
-    lines = [f"MIXED-CLUSTER EFFICIENCY ({'timed emulation' if timed else 'NO timed emulation: chips run at host CPU speed, figures not meaningful'}; every chip EMULATED on this host's CPU)"]
+    how = "timed emulation" if timed else "NO timed emulation: chips run at host CPU speed, figures not meaningful"
+    lines = [f"MIXED-CLUSTER EFFICIENCY ({how}; every chip EMULATED on this host's CPU)"]
     if eff.get("parts_sum_tokens_per_s") is None:
-        lines.append(f"  {eff.get('efficiency_note', 'parts not measured')}; this run: {r(eff.get('tokens_per_s'))} tok/s")
+        lines.append(f"  {eff.get('efficiency_note', 'parts not measured')}; this run: "
+                     f"{r(eff.get('tokens_per_s'))} tok/s")
         return lines
-    parts = " + ".join(f"{n} {r(v)} ({eff.get('parts_layout', {}).get(n, 'plan auto')})" for n, v in eff["parts"].items())
-    lines.append(f"  sub-clusters alone, each with its best measured layout: {parts} = {r(eff['parts_sum_tokens_per_s'])} tok/s")
+    layouts = eff.get("parts_layout", {})
+    parts = " + ".join(f"{n} {r(v)} ({layouts.get(n, 'plan auto')})" for n, v in eff["parts"].items())
+    lines.append(f"  sub-clusters alone, each with its best measured layout: {parts} = "
+                 f"{r(eff['parts_sum_tokens_per_s'])} tok/s")
     lines.append(f"  this run (plan {plan_source}): {r(eff['tokens_per_s'])} tok/s -> efficiency "
                  f"{eff['efficiency'] * 100:.1f}%" if eff.get("efficiency") else "  this run: n/a")
     lines.append(f"  Plan.even: {r(eff['even_tokens_per_s'])} tok/s -> even_efficiency "

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from hal.contract.errors import HalError
 
 from .data import replica_rows
-from .elastic import STATE, under_torchrun
+from .elastic import STATE
 
 log = logging.getLogger(__name__)
 EXIT_REPLAN = 75  # a rank's exit code for "restart me on the re-plan" (os.EX_TEMPFAIL's number)

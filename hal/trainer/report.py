@@ -92,8 +92,8 @@ def end_report(cfg, summary: dict) -> None:
     for k in tps:
         m = mfu.get(k)
         p = peaks.get(k, {})
-        log.info(f"  {k:<7} {fmt_rate(tps[k])} tok/s (token-equivalents), MFU {'n/a' if m is None else f'{m * 100:.1f}%'}"
-                 f" of {p.get('used', 'its peak')}")
+        share = "n/a" if m is None else f"{m * 100:.1f}%"
+        log.info(f"  {k:<7} {fmt_rate(tps[k])} tok/s (token-equivalents), MFU {share} of {p.get('used', 'its peak')}")
     for line in split_lines(summary):
         log.info(line)
     for f in summary.get("slow_nodes") or []:
