@@ -12,6 +12,7 @@ Tests marked `cuda` run the same paths on a real NVIDIA GPU and are skipped else
 from __future__ import annotations
 
 import importlib
+import warnings
 from datetime import timedelta
 
 import pytest
@@ -192,6 +193,102 @@ def test_nccl_timeout_reaches_the_bridge_as_a_catchable_error(pm, fake_nvidia, m
         acc.new_process_group(store, 0, 2, t, global_ranks=[0, 1], group_name="g2")
 
 
+def _fast_monitor(monkeypatch):
+    """torch's own monitor settings, made short (the HAL leaves these alone)."""
+    monkeypatch.setenv("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "1")
+    monkeypatch.setenv("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "10")
+    monkeypatch.setenv("TORCH_NCCL_COORD_CHECK_MILSEC", "20")
+
+
+def _time_out_one_collective(acc, store, name):
+    """Ranks 0 and 1 of group `name`; rank 0 all-reduces through the bridge's Ccl, rank 1 never
+    joins. Returns rank 0's error (the survivor's) and both groups."""
+    from hal.ccl_bridge.ccl import Ccl, StageFailure
+    t = timedelta(seconds=0.3)
+    pgs = [acc.new_process_group(store, r, 2, t, global_ranks=[0, 1], group_name=name) for r in (0, 1)]
+    ccl = Ccl(pgs[0], acc.capabilities, f"cuda sub-cluster CCL of {name}", 0, 2, torch.device("cuda", 0), t)
+    with pytest.raises(StageFailure, match="timing out") as err:
+        ccl.all_reduce(torch.ones(4), "sum").wait()
+    return err.value, pgs
+
+
+def test_nccl_timeout_survivor_raises_and_lives(pm, fake_nvidia, monkeypatch):
+    """After a timeout the rank that raised keeps living. torch's watchdog broadcasts a dump signal
+    (store key + shouldDump_) on every timeout; the heartbeat monitor of each rank's first NCCL group
+    (uid 0), with TORCH_NCCL_DUMP_ON_TIMEOUT on (torch's default), then terminates the process
+    TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC later unless that group was aborted. The plugin sets
+    TORCH_NCCL_DUMP_ON_TIMEOUT=0 before the first group. Failed before (checked against the previous
+    plugin): the survivor raised, then the stand-in's uid-0 monitor recorded a teardown."""
+    import time
+    _fast_monitor(monkeypatch)
+    acc = hal.bind("cuda", emulated=False, pm=pm)
+    err, pgs = _time_out_one_collective(acc, dist.HashStore(), "g")
+    assert "timing out" in str(err.cause)
+    time.sleep(2.0)  # watchdog (0.3 s) + dump wait + the monitor's 1 s heartbeat sleep, with margin
+    assert fake_nccl.TEARDOWNS == []
+    assert pgs[0].uid == 0 and pgs[0].dump_on_timeout is False and pgs[0].monitoring is True
+    # A user who turns dump-on-timeout on is told what it costs.
+    monkeypatch.setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    with pytest.warns(RuntimeWarning, match="TORCH_NCCL_DUMP_ON_TIMEOUT=1.*terminates that process"):
+        acc.new_process_group(dist.HashStore(), 0, 2, timedelta(seconds=5), global_ranks=[0, 1], group_name="g2")
+
+
+def _hetero(name, inner, device):
+    """A HeteroProcessGroup over a stand-in fabric: only what breaking and aborting read."""
+    from types import SimpleNamespace
+
+    from hal.ccl_bridge.process_group import HeteroProcessGroup
+    fabric = SimpleNamespace(rank=0, world=2, timeout=timedelta(seconds=5), inner_groups=list(inner),
+                             intra=SimpleNamespace(device=device), sync=SimpleNamespace(bind_thread=lambda: None))
+    pg = HeteroProcessGroup(fabric)
+    pg.setGroupName(name)
+    return pg
+
+
+class _RefusesAbort:
+    def abort(self):
+        raise RuntimeError("abort not supported")
+
+
+def test_a_failed_bridge_aborts_every_group_and_the_first_nccl_group_survives(pm, fake_nvidia, monkeypatch):
+    """A user who keeps TORCH_NCCL_DUMP_ON_TIMEOUT=1: only aborting the process's first NCCL group
+    (uid 0) stops its monitor. Group A's device CCL holds it; group B's device CCL times out. The
+    bridge breaks every hetero group of the process when a device CCL fails, aborting every inner
+    group (one that refuses is recorded, the rest still aborted). Failed before: only B's inner groups
+    were aborted and the uid-0 monitor terminated the process."""
+    import time
+
+    from hal.ccl_bridge.errors import BridgePeerError, BridgeTimeoutError
+    _fast_monitor(monkeypatch)
+    monkeypatch.setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    acc = hal.bind("cuda", emulated=False, pm=pm)
+    store = dist.HashStore()
+    cuda0 = torch.device("cuda", 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the plugin warns about the user's choice (above)
+        first = [acc.new_process_group(store, r, 2, timedelta(seconds=30), global_ranks=[0, 1], group_name="a")
+                 for r in (0, 1)]
+        group_a = _hetero("A", [first[0]], cuda0)
+        err, pgs_b = _time_out_one_collective(acc, store, "b")
+    refuses = _RefusesAbort()
+    group_b = _hetero("B", [refuses, pgs_b[0]], cuda0)
+    typed = group_b._on_error("all_reduce", 1, time.monotonic())(err)  # the executor's path for a failed job
+    time.sleep(2.0)
+    assert fake_nccl.TEARDOWNS == []
+    assert first[0].uid == 0 and first[0].dump_on_timeout
+    assert isinstance(typed, BridgeTimeoutError)
+    assert pgs_b[0].stopped and first[0].stopped  # every group of the failed bridge was aborted
+    assert group_b.abort_errors and "abort not supported" in group_b.abort_errors[0]
+    with pytest.raises(BridgePeerError, match="group 'A'.*device CCL of group 'B' failed"):
+        group_a._check_usable("all_reduce")
+    # Emulated chips' host fabrics: a failure leaves the other groups alone.
+    host_c, host_d = _hetero("C", [], torch.device("cpu")), _hetero("D", [], torch.device("cpu"))
+    host_d._break(BridgePeerError("peer died", group="D"))
+    host_c._check_usable("all_reduce")
+    for g in (group_a, group_b, host_c, host_d):
+        g.shutdown()
+
+
 def test_probe_is_fork_safe(fake_nvidia):
     """The availability probe counts GPUs through NVML (torch.cuda.device_count before CUDA is
     initialised) and never calls is_available(), whose cudaGetDeviceCount runs cuInit and breaks
@@ -199,6 +296,14 @@ def test_probe_is_fork_safe(fake_nvidia):
     found = hal_cuda.probe()
     assert found["native"] is True and found["device_count"] == 2
     assert fake_nvidia.fork_poisoned_by == [], fake_nvidia.fork_poisoned_by
+
+
+def test_probe_uses_public_torch_cuda_api_only(fake_nvidia):
+    """torch.cuda.device_count() is public; torch.cuda._device_count_nvml is not (failed before: the
+    probe called it to guess whether NVML answered; no public API says, and the probe says so)."""
+    found = hal_cuda.probe()
+    assert not [c for c in fake_nvidia.calls if "private" in c[0]], fake_nvidia.calls
+    assert "fork_safe" not in found and "no public API" in found["count_source"]
 
 
 def test_native_bind_selects_the_device_before_asking_anything(pm, fake_nvidia, monkeypatch):

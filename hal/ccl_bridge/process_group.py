@@ -9,8 +9,10 @@ a `BridgeWork`. Names cover both spellings torch 2.x uses (`all_gather_single` /
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
+import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -26,6 +28,10 @@ from .errors import BridgeCollectiveError, BridgeMismatchError, BridgePeerError
 from .fabric import Fabric
 from .reduction import reduce_spec
 from .work import BridgeWork, Executor, GroupState, classify
+
+_log = logging.getLogger(__name__)
+# Every live `hetero` group of this process: a failed device CCL breaks them all (`_abort_inner`).
+_LIVE: "weakref.WeakSet[HeteroProcessGroup]" = weakref.WeakSet()
 
 
 def _one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
@@ -61,6 +67,8 @@ class HeteroProcessGroup(dist.ProcessGroup):
         self._lock = threading.Lock()  # seq numbers and queue order must match (DDP calls from autograd threads)
         self._executor = Executor(f"{fabric.rank}", thread_init=fabric.sync.bind_thread)
         self._timeout_s = fabric.timeout.total_seconds()
+        self.abort_errors: list[str] = []  # inner groups that refused to abort, and why
+        _LIVE.add(self)
 
     # ---- identity ---------------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -114,12 +122,29 @@ class HeteroProcessGroup(dist.ProcessGroup):
         self._state.break_(err)
 
     def _abort_inner(self, err: BaseException) -> None:
-        # Abort inner groups so peers blocked on this rank may fail before their own timeout.
+        """Abort every inner group, so peers blocked on this rank fail before their own timeout; one
+        that refuses is logged (`abort_errors`) and the others are still aborted.
+
+        When this group's sub-cluster CCL is a device CCL (NCCL, HCCL, XCCL), every other `hetero`
+        group of the process breaks too, aborting its groups: the device's CCL state is suspect
+        after a failure, and the vendor group whose monitor acts on the dump signal a timeout
+        broadcasts may be one of theirs (torch's ProcessGroupNCCL: the heartbeat monitor of the
+        process's first NCCL group terminates the process after TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC
+        unless that group was aborted; ProcessGroupNCCL.cpp `HeartbeatMonitor::runLoop`)."""
         for g in self.fabric.inner_groups:
             try:
                 g.abort()
-            except Exception:
-                pass
+            except Exception as exc:  # keep going: every group must be aborted
+                self.abort_errors.append(f"{type(g).__name__}.abort(): {type(exc).__name__}: {exc}")
+                _log.warning("hetero group %r: aborting an inner group failed: %s", self._group_name,
+                             self.abort_errors[-1])
+        if self.fabric.intra.device.type == "cpu":
+            return  # host fabrics (emulated chips): the other groups are not affected
+        for other in list(_LIVE):
+            if other is not self:
+                other._break(BridgePeerError(
+                    f"group {other._group_name!r}: broken because the device CCL of group {self._group_name!r} "
+                    f"failed in this process: {err}", group=other._group_name))
 
     def _check_usable(self, op: str) -> None:
         if self._broken is not None:

@@ -26,17 +26,34 @@ False`, `_timeout = timeout`, `global_ranks_in_group` and `group_name` (the HAL 
 `_set_sequence_number_for_group()`. The class is the one that helper constructs
 (`distributed_c10d.ProcessGroupNCCL`).
 
-What a timeout does (ProcessGroupNCCL.cpp, v2.13.0): the constructor reads
-TORCH_NCCL_ASYNC_ERROR_HANDLING once; its default 3 (SkipCleanUp) makes the watchdog *kill the
-process* when a collective outlives `options._timeout`, which no caller can catch. The bridge needs
-the error, so before building the group we set TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (CleanUpOnly: the
-watchdog aborts the communicators and leaves the process alive) unless the user chose a value (then
-a warning says what a teardown mode costs), and the bridge waits on NCCL works with
-`work.wait(timeout)` (`WorkNCCL::wait` blocks the calling thread until the work completes or the
-timeout passes, then raises DistBackendError, a RuntimeError), which `hal.ccl_bridge.ccl.Handle` turns
-into a typed bridge error. A caller outside the bridge that calls `work.wait()` without a timeout
-(torch's default, non-blocking) only orders streams; set TORCH_NCCL_BLOCKING_WAIT=1 to make that wait
-on the host too.
+What a timeout does (torch 2.13.0, pytorch/pytorch git cf30153c: the variable names and defaults are
+those of the installed torch/include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp; the behaviour
+is ProcessGroupNCCL.cpp `Watchdog::runLoop`, `HeartbeatMonitor::runLoop`, `WorkNCCL::wait` and
+`abort`, read from pytorch/pytorch main as indexed):
+1. The constructor reads TORCH_NCCL_ASYNC_ERROR_HANDLING; its default 3 (SkipCleanUp) makes the
+   watchdog *kill the process* when a collective outlives `options._timeout`, which no caller can
+   catch. Before building the group we set it to 2 (CleanUpOnly: the watchdog aborts the
+   communicators and leaves the process alive) unless the user chose a value (a teardown mode is
+   warned about).
+2. Whatever that mode, the watchdog first calls `broadcastDumpSignal()`: it writes `exception_dump`
+   into the job's store (every rank sees it) and sets the process-wide `shouldDump_`. The heartbeat
+   monitor of each rank's *first* NCCL group (uid 0), when TORCH_NCCL_DUMP_ON_TIMEOUT is on (default
+   true), polls both; once one is set it dumps the flight recorder, sleeps
+   TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC (default 480 s) and then terminates the process (std::abort)
+   unless that group was aborted or shut down meanwhile, or TORCH_NCCL_ENABLE_MONITORING=0. So a
+   timeout on one rank kills every survivor minutes after it raised. Before the first group exists we
+   set TORCH_NCCL_DUMP_ON_TIMEOUT=0 (the monitor reads it in each group's constructor, and only uid
+   0's matters) unless the user chose a value (1 is warned about): the monitor then only checks the
+   watchdog's heartbeat, which a CleanUpOnly watchdog keeps beating. The flight recorder can still be
+   dumped on demand (torch's dump pipe). Monitoring itself stays on: it also catches a hung watchdog.
+   Besides, the hetero bridge aborts the device groups of every hetero group of the process when one
+   of them fails (hal.ccl_bridge.process_group), which stops those groups' monitors too.
+3. The bridge waits on NCCL works with `work.wait(timeout)`: `WorkNCCL::wait` blocks the calling
+   thread until the work completes or the timeout passes, then aborts the work's communicator and
+   raises DistBackendError (a RuntimeError), which `hal.ccl_bridge.ccl.Handle` turns into a typed
+   bridge error. A caller outside the bridge that calls `work.wait()` without a timeout (torch's
+   default, non-blocking) only orders streams; set TORCH_NCCL_BLOCKING_WAIT=1 to make that wait on the
+   host too.
 """
 from __future__ import annotations
 
@@ -81,7 +98,8 @@ def nccl_capabilities(chip: str = "cuda", nccl_version: Optional[tuple[int, ...]
                 continue
             for op in _reduce_ops(dtype, version, fp8_reduce):
                 entries.add((coll, dtype, op))
-    detail = f"NCCL {'.'.join(map(str, nccl_version))}" if nccl_version else f"NCCL assumed >= {version[0]}.{version[1]}"
+    detail = (f"NCCL {'.'.join(map(str, nccl_version))}" if nccl_version
+              else f"NCCL assumed >= {version[0]}.{version[1]}")
     cc = f", SM {compute_capability[0]}.{compute_capability[1]}" if compute_capability else ", SM unknown"
     return sdk.CapabilityMatrix(chip=chip, entries=frozenset(entries), source=f"{SOURCE}; {detail}{cc}")
 
@@ -112,11 +130,15 @@ def nccl_version() -> Optional[tuple[int, ...]]:
 
 ASYNC_ERROR_HANDLING_ENV = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 CLEAN_UP_ONLY = "2"  # ErrorHandlingMode::CleanUpOnly (0 none, 1 TearDown, 2 CleanUpOnly, 3 SkipCleanUp)
+DUMP_ON_TIMEOUT_ENV = "TORCH_NCCL_DUMP_ON_TIMEOUT"
+_TRUE = ("1", "true", "y", "yes")  # c10d's getCvarBool
 
 
-def ensure_catchable_timeouts(env_names: tuple[str, ...] = (ASYNC_ERROR_HANDLING_ENV,), ccl: str = "NCCL") -> None:
-    """Make a collective timeout an exception rather than a process teardown (see the module
-    docstring); read by the process group's constructor, so call this before building it."""
+def ensure_catchable_timeouts(env_names: tuple[str, ...] = (ASYNC_ERROR_HANDLING_ENV,), ccl: str = "NCCL",
+                              dump_env_names: tuple[str, ...] = (DUMP_ON_TIMEOUT_ENV,)) -> None:
+    """Make a collective timeout an exception that leaves every rank alive rather than a process
+    teardown (see the module docstring, points 1 and 2); read by the process group's constructor, so
+    call this before building it."""
     for name in env_names:
         value = os.environ.get(name)
         if value is None:
@@ -125,6 +147,17 @@ def ensure_catchable_timeouts(env_names: tuple[str, ...] = (ASYNC_ERROR_HANDLING
             warnings.warn(f"{name}={value} (set in the environment): when a {ccl} collective outlives the "
                           f"HAL timeout the watchdog tears the process down, so the bridge cannot report "
                           f"which op and rank failed; {name}={CLEAN_UP_ONLY} raises an error instead",
+                          RuntimeWarning, stacklevel=3)
+    for name in dump_env_names:
+        value = os.environ.get(name)
+        if value is None:
+            os.environ[name] = "0"
+        elif value.strip().lower() in _TRUE:
+            warnings.warn(f"{name}={value} (set in the environment): after a {ccl} collective times out on any "
+                          f"rank, the heartbeat monitor of each rank's first {ccl} group terminates that process "
+                          f"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC later unless that group was aborted (the hetero "
+                          f"bridge aborts its device groups when one fails; abort groups you built yourself); "
+                          f"unset it (the HAL then sets {name}=0) to keep the ranks that raised alive",
                           RuntimeWarning, stacklevel=3)
 
 

@@ -7,10 +7,11 @@ Only the first is this plugin's chip.
 The probe is fork-safe: it never calls `torch.cuda.is_available()`, whose `cudaGetDeviceCount` runs
 `cuInit` and makes every later `fork()`ed child unable to use CUDA (torch/cuda/__init__.py v2.13.0:
 "This function will NOT poison fork if PYTORCH_NVML_BASED_CUDA_CHECK=1"). It counts devices with
-`torch.cuda.device_count()`, which asks NVML while CUDA is not initialised (and honours
-CUDA_VISIBLE_DEVICES); only when NVML itself fails does torch fall back to `cudaGetDeviceCount`,
-which `fork_safe: False` then reports. Device names are read only at bind time, after the device
-was selected.
+`torch.cuda.device_count()` (public), which asks NVML while CUDA is not initialised (and honours
+CUDA_VISIBLE_DEVICES); only when NVML itself fails does torch fall back to `cudaGetDeviceCount`
+(torch/cuda/__init__.py v2.13.0 `device_count`). No public torch API says which of the two answered
+(`torch.cuda._device_count_nvml` is private), so the probe does not claim to know: `count_source`
+states the rule instead. Device names are read only at bind time, after the device was selected.
 """
 from __future__ import annotations
 
@@ -39,12 +40,12 @@ def probe() -> dict[str, Any]:
         return {**found, "native": False,
                 "reason": f"{KUNLUN_ADAPTER} is installed: torch `cuda` devices are KunlunXin XPUs (chip kunlun)"}
     try:
-        nvml = torch.cuda._device_count_nvml() if not torch.cuda.is_initialized() else None
         count = torch.cuda.device_count()  # NVML-based before CUDA is initialised (no cuInit)
     except Exception as exc:  # a broken driver must read as "absent", not crash the probe
         return {**found, "native": False, "reason": f"torch.cuda failed: {type(exc).__name__}: {exc}"}
     found["device_count"] = count
-    found["fork_safe"] = nvml is None or nvml >= 0  # NVML failed: torch used cudaGetDeviceCount
+    found["count_source"] = ("torch.cuda.device_count(): NVML while CUDA is uninitialised, cudaGetDeviceCount "
+                             "(which poisons fork) only where NVML fails; no public API says which answered")
     if count < 1:
         return {**found, "native": False, "reason": "no CUDA device visible"}
     return {**found, "native": True, "reason": f"{count} NVIDIA GPU(s) visible"}

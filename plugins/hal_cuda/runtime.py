@@ -11,9 +11,12 @@ from hal import sdk
 class CudaRuntime(sdk.TorchDeviceRuntime):
     """torch.cuda's streams, events, memory statistics, pinned memory and device selection.
 
-    The accelerator selects the device (`set_device_index(LOCAL_RANK % device_count())`) before it
-    reads `device_name()` for the profile; both go through torch.cuda, so CUDA_VISIBLE_DEVICES
-    (applied by the CUDA runtime itself) decides which physical GPUs those indices mean.
+    The order of a native bind is hal.core.selection.Accelerator's: the chip's probe (with
+    ``bind=True``), then `hal_device_runtime` builds this object (no device touched), then
+    ``device_count()``, then ``set_device_index(LOCAL_RANK % device_count())``, and only then
+    ``device_name()`` (for the profile), the capability matrix and the kernels. All of it goes
+    through torch.cuda, so CUDA_VISIBLE_DEVICES (applied by the CUDA runtime itself) decides which
+    physical GPUs those indices mean.
     """
 
     def __init__(self, module: Any = None, device_type: str = "cuda",

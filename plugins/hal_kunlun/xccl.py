@@ -30,7 +30,10 @@ clone, whose watchdog would tear the process down on a timeout like NCCL's: we s
 TORCH_NCCL_ASYNC_ERROR_HANDLING=2 as for NCCL, and TORCH_XCCL_ASYNC_ERROR_HANDLING=2 for torch_xmlir's
 newer process group, whose variables are named TORCH_XCCL_* (TORCH_XCCL_HEARTBEAT_TIMEOUT_SEC,
 TORCH_XCCL_ENABLE_TIMING in a public P800 training launch script; the ASYNC_ERROR_HANDLING name is
-inferred from that pattern, low confidence). The bridge waits with `work.wait(timeout)`.
+inferred from that pattern, low confidence). Like NCCL's, the clone's first group would kill every
+rank TORCH_*_HEARTBEAT_TIMEOUT_SEC after any rank's timeout while dump-on-timeout is on
+(hal_cuda.nccl, point 2): we set TORCH_NCCL_DUMP_ON_TIMEOUT=0 and TORCH_XCCL_DUMP_ON_TIMEOUT=0 (the
+second name inferred the same way, low confidence). The bridge waits with `work.wait(timeout)`.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ _DTYPES = ("float32", "float16", "bfloat16")
 SOURCE = ("declared from usage in baidu/vLLM-Kunlun vllm_kunlun/distributed/kunlun_communicator.py "
           "(all_reduce sum, all_gather, gather, send/recv); not measured here; the rest is emulated")
 ASYNC_ERROR_ENVS = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_XCCL_ASYNC_ERROR_HANDLING")
+DUMP_ON_TIMEOUT_ENVS = ("TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_XCCL_DUMP_ON_TIMEOUT")
 
 
 def xccl_capabilities(chip: str = "kunlun") -> sdk.CapabilityMatrix:
@@ -67,7 +71,7 @@ def apply_xccl_timeouts(timeout: timedelta, env: Optional[dict] = None) -> dict[
                           f"collective timeout {timeout.total_seconds():g} s", RuntimeWarning, stacklevel=3)
         env[name] = value
     if env is os.environ:
-        ensure_catchable_timeouts(ASYNC_ERROR_ENVS, ccl="XCCL")
+        ensure_catchable_timeouts(ASYNC_ERROR_ENVS, ccl="XCCL", dump_env_names=DUMP_ON_TIMEOUT_ENVS)
     return want
 
 

@@ -67,7 +67,11 @@ def patch_torch_cuda(monkeypatch, state: CudaState) -> CudaState:
     monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", is_available)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: state.count)   # NVML-based: no cuInit
-    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: state.count)
+    def private_nvml_count():
+        state.calls.append(("torch.cuda._device_count_nvml (private)",))
+        return state.count
+
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", private_nvml_count)
     monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", raw_count, raising=False)
     monkeypatch.setattr(torch.cuda, "current_device", current_device)
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
@@ -81,7 +85,9 @@ def patch_torch_cuda(monkeypatch, state: CudaState) -> CudaState:
     # Variables the plugins set for the process: unset now, restored after the test (setenv first
     # so that monkeypatch records the undo even when the variable was absent).
     for var in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT", "TORCH_XCCL_ASYNC_ERROR_HANDLING",
-                "BKCL_TIMEOUT", "CUDA_VISIBLE_DEVICES", "XPU_VISIBLE_DEVICES"):
+                "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_XCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_ENABLE_MONITORING",
+                "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC",
+                "TORCH_NCCL_COORD_CHECK_MILSEC", "BKCL_TIMEOUT", "CUDA_VISIBLE_DEVICES", "XPU_VISIBLE_DEVICES"):
         monkeypatch.setenv(var, "")
         monkeypatch.delenv(var)
     _stand_in_nccl.reset()

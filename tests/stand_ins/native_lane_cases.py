@@ -58,7 +58,6 @@ class StandInNativeChip:
 
 def standin_setup(timeout_s: float = 60.0) -> dict:
     """Join `hetero` with the fabric's staging and sync swapped for stand-in native ones."""
-    import hal.ccl_bridge
     from hal.ccl_bridge import backend
     from hal.ccl_bridge.staging import DeviceSync, ScratchPool
     chip = StandInNativeChip()
