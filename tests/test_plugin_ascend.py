@@ -150,6 +150,26 @@ def test_process_group_hccl_with_timeouts_set_before_creation(worker):
     assert any("keeps it; this group asked for 1799" in m for m in r["warnings"][1])
 
 
+def test_hccl_timeout_raises_in_the_survivor_and_nobody_is_torn_down(worker):
+    """A collective a peer never joins: the bridge's timed wait raises a timeout in the caller within
+    the group timeout, and the watchdog does not tear the process down. torch_npu's default error
+    handling is TearDown and `WorkHCCL::wait(timeout)` blocks only with TORCH_HCCL_BLOCKING_WAIT=1,
+    which the plugin now sets before each group. Failed before (checked against the previous plugin):
+    the wait returned at once (nothing raised) and the stand-in's watchdog recorded a teardown."""
+    r = run(worker, cases.hccl_timeout)
+    assert r["teardowns"] == [], r
+    assert r["raised"] is not None and r["raised"]["type"] == "RuntimeError", r
+    assert "Watchdog caught collective operation timeout" in r["raised"]["message"]
+    assert 0.4 <= r["waited_s"] < 30  # waited for the group timeout, then raised (never a hang)
+    assert r["blocking_wait"] == [True, True] and r["async_error_handling"] == [0, 0]
+    assert r["env"]["TORCH_HCCL_BLOCKING_WAIT"] == "1"
+    # A user's HCCL_BLOCKING_WAIT=0 is replaced, with a warning (TORCH_HCCL_BLOCKING_WAIT wins in torch_npu).
+    r = run(worker, cases.hccl_timeout, {"HCCL_BLOCKING_WAIT": "0"}, 0.3)
+    assert r["teardowns"] == [] and r["raised"] is not None, r
+    assert any("HCCL_BLOCKING_WAIT=0 (set in the environment) replaced by TORCH_HCCL_BLOCKING_WAIT=1" in m
+               for m in r["warnings"]), r["warnings"]
+
+
 def test_hccl_timeout_on_the_training_series_and_too_short(worker):
     r = run(worker, cases.process_groups, [600], {}, "Ascend910A")
     assert r["groups"][0][1]["env"]["HCCL_EXEC_TIMEOUT"] == "544"  # 8 x 68 s < 600 s

@@ -3,7 +3,8 @@
 Chip `ascend`: visible devices `ASCEND_RT_VISIBLE_DEVICES`; native when torch_npu imports and
 `torch.npu.device_count() > 0`. Profiles from the HAL catalog by the device name torch_npu reports
 ('Ascend910B2', ...). Process groups are torch_npu's ProcessGroupHCCL with the HAL timeout, HCCL's
-own timeouts derived from it (see `hccl`). Op overrides are torch_npu's fused kernels (`kernels`),
+own timeouts derived from it and blocking wait on, so a timeout raises in the waiting thread instead
+of tearing the process down (see `hccl`). Op overrides are torch_npu's fused kernels (`kernels`),
 offered only when native. Everything follows Ascend/pytorch and Ascend/op-plugin sources cited in
 the submodules.
 """

@@ -49,10 +49,28 @@ HCCL's device-side logs are written when HCCL times out. So we set, before the f
 A T too small for that order (T <= 68 s on the training series) is warned about. torch_npu reads
 HCCL_EXEC_TIMEOUT once per process (a `call_once` for the op-wait timeout and a function-static in
 `WorkHCCL::checkExec`), so the first group fixes it; a later group with another T is warned about.
-A collective that outlives T: HCCL fails it on the device, then ProcessGroupHCCL's watchdog (options
-._timeout = T) marks the work failed; TORCH_HCCL_ASYNC_ERROR_HANDLING decides whether it then tears
-the process down (torch_npu's default) -- the bridge waits with `work.wait(timeout)` so it gets the
-error first.
+A collective that outlives T: HCCL fails it on the device, and ProcessGroupHCCL's watchdog (options
+._timeout = T) marks the work failed. What happens next is torch_npu's error handling
+(ProcessGroupHCCL.cpp / .hpp @9e73e708, OptionsManager.cpp `CheckUseHcclAsyncErrorHandleEnable`):
+- TORCH_HCCL_ASYNC_ERROR_HANDLING (else HCCL_ASYNC_ERROR_HANDLING) is read once per process and
+  defaults to 1, TearDown: the watchdog rethrows the timeout in its own thread (`handleException`,
+  SHOULD_TEAR_DOWN) and the process dies; 2 (CleanUpOnly) leaves it alive.
+- `WorkHCCL::wait(timeout)` blocks the host only when the group was built with
+  TORCH_HCCL_BLOCKING_WAIT=1 (or the older HCCL_BLOCKING_WAIT=1; read by each group's constructor,
+  the first name set wins); otherwise it only makes the current stream wait and returns at once,
+  whatever the timeout. So the bridge's timed wait would return on an unfinished collective, and the
+  watchdog would then tear the process down -- the opposite of the contract.
+So before every HCCL group we set TORCH_HCCL_BLOCKING_WAIT=1 (`ensure_blocking_wait`; a different
+value the user set is replaced, with a warning): `wait(timeout)` then blocks until the work completes
+or the timeout passes, then aborts the work's HCCL communicators and raises the timeout in the
+caller's thread (RuntimeError "... Watchdog caught collective operation timeout ..."), which the
+bridge types (hal.ccl_bridge.ccl.Handle). With blocking wait the constructor switches that group's
+error handling to NoHandling ("Only TORCH_HCCL_BLOCKING_WAIT is being used in this process"), so its
+watchdog never tears the process down, whatever TORCH_HCCL_ASYNC_ERROR_HANDLING says. The price:
+every `work.wait()` on these groups blocks the host until the collective is done (torch_npu's
+documented meaning of blocking wait). torch_npu's heartbeat monitor and dump-on-timeout
+(TORCH_HCCL_ENABLE_MONITORING, TORCH_HCCL_DUMP_ON_TIMEOUT) are off by default; turning both on lets
+a timeout kill the process again, which we warn about.
 """
 from __future__ import annotations
 
@@ -171,11 +189,37 @@ def apply_hccl_timeouts(timeout: timedelta, env: Optional[MutableMapping[str, st
     return want
 
 
+BLOCKING_WAIT_ENVS = ("TORCH_HCCL_BLOCKING_WAIT", "HCCL_BLOCKING_WAIT")  # ProcessGroupHCCL.hpp, first wins
+_TRUE = ("1", "true", "y", "yes")  # c10d's getCvarBool
+
+
+def ensure_blocking_wait(env: Optional[MutableMapping[str, str]] = None) -> None:
+    """TORCH_HCCL_BLOCKING_WAIT=1 in `env` (default os.environ) before a group is built, so a timed
+    wait blocks and raises instead of the watchdog tearing the process down (module docstring)."""
+    env = os.environ if env is None else env
+    torch_name, old_name = BLOCKING_WAIT_ENVS
+    user = env.get(torch_name, env.get(old_name))
+    if user is not None and user.strip().lower() not in _TRUE:
+        set_as = torch_name if torch_name in env else old_name
+        warnings.warn(f"{set_as}={user} (set in the environment) replaced by {torch_name}=1: without blocking "
+                      f"wait torch_npu's work.wait(timeout) returns at once and its watchdog tears the process "
+                      f"down on an HCCL timeout; the HAL promises an error the caller can catch",
+                      RuntimeWarning, stacklevel=3)
+    env[torch_name] = "1"
+    monitors = [env.get(k, "").strip().lower() in _TRUE
+                for k in ("TORCH_HCCL_ENABLE_MONITORING", "TORCH_HCCL_DUMP_ON_TIMEOUT")]
+    if all(monitors):
+        warnings.warn("TORCH_HCCL_ENABLE_MONITORING=1 and TORCH_HCCL_DUMP_ON_TIMEOUT=1 (set in the environment): "
+                      "torch_npu's heartbeat monitor may terminate this process after an HCCL timeout that the "
+                      "HAL reported as an error; unset one of them to keep the process alive",
+                      RuntimeWarning, stacklevel=3)
+
+
 def create_hccl_process_group(store: Any, rank: int, world_size: int, timeout: timedelta,
                               global_ranks: Optional[Sequence[int]] = None, group_name: Optional[str] = None,
                               chip: str = "ascend", soc_version: Optional[int] = None) -> Any:
     """torch_npu's ProcessGroupHCCL built as `_new_process_group_hccl_helper` builds it, with the
-    group's global ranks and name, HCCL's own timeouts set first."""
+    group's global ranks and name, HCCL's own timeouts and blocking wait set first."""
     ranks, name = sdk.check_process_group_args(chip, rank, world_size, timeout, global_ranks, group_name)
     try:
         import torch_npu
@@ -184,6 +228,7 @@ def create_hccl_process_group(store: Any, rank: int, world_size: int, timeout: t
         raise sdk.ChipUnavailableError(f"chip {chip!r}, hook 'hal_create_process_group': torch_npu's "
                                        f"ProcessGroupHCCL is unavailable: {type(exc).__name__}: {exc}") from exc
     apply_hccl_timeouts(timeout, soc_version=soc_version)  # before the group: torch_npu reads them then
+    ensure_blocking_wait()  # read by this group's constructor: timeouts raise in the waiting thread
     options = pg_class.Options()
     options.is_high_priority_stream = False
     options._timeout = timeout

@@ -23,7 +23,9 @@ def _bind(device_name: str = "Ascend910B2", device_count: int = 4, env: dict | N
     import hal
     import hal_ascend
     import hal_cpu
-    for key in ("LOCAL_RANK", "ASCEND_RT_VISIBLE_DEVICES", "HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT"):
+    for key in ("LOCAL_RANK", "ASCEND_RT_VISIBLE_DEVICES", "HCCL_EXEC_TIMEOUT", "HCCL_CONNECT_TIMEOUT",
+                "TORCH_HCCL_BLOCKING_WAIT", "HCCL_BLOCKING_WAIT", "TORCH_HCCL_ASYNC_ERROR_HANDLING",
+                "HCCL_ASYNC_ERROR_HANDLING"):
         os.environ.pop(key, None)
     os.environ.update(env or {})
     STATE.reset()
@@ -168,3 +170,35 @@ def golden_failures(dtypes: list) -> dict:
 def family_kernels(device_name: str) -> dict:
     acc, _ = _bind(device_name)
     return {op: k.name for op, k in acc.kernels.items() if k.plugin == "ascend"}
+
+
+def hccl_timeout(preset: dict | None = None, timeout_s: float = 0.5) -> dict:
+    """Ranks 0 and 1 of one HCCL group built by the plugin; rank 0 all-reduces through the bridge's
+    `Ccl` (which waits with `work.wait(timeout)`), rank 1 never joins. What the survivor saw, and
+    whether the watchdog would have torn the process down by the time the group timeout passed."""
+    import time
+
+    import torch.distributed as dist
+
+    from hal.ccl_bridge.ccl import Ccl, StageFailure
+    acc, state = _bind(env=preset)
+    t = timedelta(seconds=timeout_s)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        store = dist.HashStore()
+        pgs = [acc.new_process_group(store, r, 2, t, global_ranks=[0, 1], group_name="g") for r in (0, 1)]
+    ccl = Ccl(pgs[0], acc.capabilities, "ascend sub-cluster CCL (ranks [0, 1])", 0, 2, torch.device("npu", 0), t)
+    t0 = time.monotonic()
+    raised = None
+    try:
+        ccl.all_reduce(torch.ones(8), "sum").wait()
+    except StageFailure as exc:
+        raised = {"type": type(exc.cause).__name__, "message": str(exc)}
+    waited = time.monotonic() - t0
+    time.sleep(timeout_s + 0.5)  # past the group's watchdog timeout
+    return {"raised": raised, "waited_s": waited, "teardowns": list(state.teardowns),
+            "blocking_wait": [pg.blocking_wait for pg in pgs],
+            "async_error_handling": [pg.async_error_handling for pg in pgs],
+            "env": {k: os.environ.get(k) for k in ("TORCH_HCCL_BLOCKING_WAIT", "HCCL_BLOCKING_WAIT",
+                                                   "TORCH_HCCL_ASYNC_ERROR_HANDLING")},
+            "warnings": [str(w.message) for w in caught]}

@@ -23,6 +23,8 @@ class NpuState:
     record: Recorder = field(default_factory=Recorder)
     last_atten_mask: object = None  # the tensor the last npu_fusion_attention call received
     exec_timeout_first_read: object = None  # HCCL_EXEC_TIMEOUT as torch_npu fixed it (first group)
+    async_error_handling_first_read: object = None  # TORCH_HCCL_ASYNC_ERROR_HANDLING, fixed at the first group
+    teardowns: list = field(default_factory=list)  # what the HCCL watchdog would have killed the process for
     _tls: threading.local = field(default_factory=threading.local)
 
     @property
@@ -49,6 +51,8 @@ class NpuState:
         self.contexts.clear()
         self.current = 0
         self.exec_timeout_first_read = None
+        self.async_error_handling_first_read = None
+        self.teardowns.clear()
         self.record.clear()
 
 
