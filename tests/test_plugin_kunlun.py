@@ -105,13 +105,32 @@ def test_native_bind_records_what_it_found(pm, devices, xmlir, monkeypatch):
     assert acc.device == torch.device("cuda", 1) and acc.chip.torch_device_type == "cuda"
     assert isinstance(acc.runtime, hal_kunlun.KunlunRuntime) and acc.runtime.module is torch.cuda
     # The name comes from torch_xmlir (torch.cuda's shim says 'GPU'), and picks the P800 profile.
-    assert ("get_device_name", 0) in xmlir.CALLS
+    assert xmlir.CALLS == [("get_device_name", 1)]  # the selected device only
     assert acc.profile.model == hal.core.catalog.get("kunlun", "P800").model
     notes = acc.profile.notes
-    assert "detected natively" in notes and "'P800', 'P800'" in notes and "'XPU_VISIBLE_DEVICES': '4,5'" in notes
-    assert hal_kunlun.PLUGIN.chip.last_probe["device_names"] == ["P800", "P800"]
+    assert "detected natively" in notes and "'device_name': 'P800'" in notes and "'XPU_VISIBLE_DEVICES': '4,5'" in notes
+    assert hal_kunlun.PLUGIN.chip.last_probe["device_name"] == "P800"
     assert acc.kernels["rms_norm"].plugin == "kunlun"
     assert acc.kernels["scaled_dot_product_attention"].priority == 0  # reference until measured
+
+
+def test_no_device_touched_before_selection(pm, devices, xmlir, monkeypatch):
+    """hal_device_runtime (and the probe it runs) touches no device: a device's name is read only
+    after set_device selected this rank's device, and only that device's (the contract,
+    hal.contract.hookspecs `hal_device_runtime`). Failed before (checked against the previous plugin):
+    the bind-time probe read every device's name, through torch_xmlir, before selection."""
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    read = []
+    real = xmlir.get_device_name
+
+    def get_device_name(device=None):
+        read.append((device, [c for c in devices.calls if c[0] == "set_device"]))
+        return real(device)
+    monkeypatch.setattr(xmlir, "get_device_name", get_device_name)
+    hal_kunlun.hal_device_runtime("kunlun")
+    assert read == [] and devices.fork_poisoned_by == [], (read, devices.fork_poisoned_by)
+    hal.bind("kunlun", emulated=False, pm=pm)
+    assert read == [(1, [("set_device", 1)])], read
 
 
 def test_unknown_kunlun_model_and_name_fallback(pm, devices, xmlir, monkeypatch):
@@ -124,7 +143,7 @@ def test_unknown_kunlun_model_and_name_fallback(pm, devices, xmlir, monkeypatch)
 
 def test_nvidia_named_devices_under_torch_xmlir_are_claimed_by_nobody(pm, devices, xmlir):
     xmlir.NAMES[:] = ["NVIDIA A100-SXM4-80GB"]
-    with pytest.raises(hal.ChipUnavailableError, match="NVIDIA names.*not claimed as Kunlun"):
+    with pytest.raises(hal.ChipUnavailableError, match="NVIDIA name.*not claimed as Kunlun"):
         hal.bind("kunlun", emulated=False, pm=pm)
     assert pm.native_available("cuda") is False
 

@@ -74,8 +74,10 @@ class Chip:
     def probe(self, bind: bool = False) -> dict[str, Any]:
         """What this process sees: at least `native` (bool: the adapter imports and sees a device) and
         `reason` (why, for messages). Cheap, no device context, never raises. `bind` is True once, at
-        native bind, just before `device_runtime`: the probe may then read what needs the device
-        runtime up (device names) and keep what it found."""
+        native bind, just before `device_runtime` and *before* the HAL selects this rank's device:
+        the probe may keep what it found, but must touch no device then either. What needs the
+        device (its name) is read by the runtime's `device_name()`, which the HAL calls right after
+        selecting the device (hal_kunlun checks and records the name there)."""
         raise NotImplementedError
 
     def native_available(self) -> bool:

@@ -4,8 +4,9 @@ Chip `kunlun`: torch device type `cuda`, CCL backend `nccl` (routed to XCCL by t
 devices `XPU_VISIBLE_DEVICES`. Native when `torch_xmlir` imports and torch.cuda sees devices whose
 names are not NVIDIA's (see `probe`, which cites the public integrations followed). The build is
 torch.cuda underneath, so `KunlunChip` is hal_cuda's `CudaChip` with its own probe, profile notes,
-XCCL matrix and group, and kernels. At bind time what was found (adapter version, device names,
-visible-device variables) is recorded in the profile's notes and in `PLUGIN.chip.last_probe`.
+XCCL matrix and group, and kernels. At bind time what was found (adapter version, visible-device
+variables, and -- once the HAL selected the device -- that device's name) is recorded in the
+profile's notes and in `PLUGIN.chip.last_probe`. Nothing here touches a device before selection.
 
 Kernels: torch.nn.functional's single ops, which KunlunXin's build dispatches to its own kernels.
 No vendor-specific fused kernel is offered: KunlunXin's fused ops (kunlun_ops, xtorch_ops in
@@ -15,6 +16,8 @@ the HAL semantics on hardware. Attention and AdamW keep the reference until that
 from __future__ import annotations
 
 from typing import Any, Optional
+
+import torch
 
 from hal import sdk
 from hal_cuda import CudaChip
@@ -44,17 +47,24 @@ class KunlunChip(CudaChip):
         self.last_probe: Optional[dict[str, Any]] = None  # what the last native bind found
 
     def probe(self, bind=False):
-        if not bind:
-            return probe()
-        self.last_probe = probe(read_names=True)  # the name check needs the runtime up: only at bind
-        return self.last_probe
+        found = probe()  # touches no device, also at bind (the device is selected after the runtime exists)
+        if bind:
+            self.last_probe = found
+        return found
+
+    def device_runtime(self):
+        return self.runtime_class(torch.cuda, "cuda", on_name=self._seen_name)
+
+    def _seen_name(self, index: int, name: str) -> None:
+        if self.last_probe is not None:
+            self.last_probe.update(device_index=index, device_name=name)
 
     def profile(self, model):
         prof = super().profile(model)
         found = self.last_probe
         if model is not None and found is not None and found.get("native"):
-            seen = {k: found.get(k) for k in ("adapter_version", "device_names", "XPU_VISIBLE_DEVICES",
-                                              "CUDA_VISIBLE_DEVICES")}
+            seen = {k: found.get(k) for k in ("adapter_version", "device_index", "device_name",
+                                              "XPU_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")}
             prof = prof.model_copy(update={"notes": f"{prof.notes}; detected natively: {seen}".lstrip("; ")})
         return prof
 

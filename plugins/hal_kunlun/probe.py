@@ -9,8 +9,10 @@ backend routed to its own CCL. Public integrations recognise it by `torch_xmlir`
   dist_backend = "nccl"; docs/envs.py: XCCL_SO_PATH "default value is libxccl.so";
   docs/source/user_guide/configuration/env_vars.md: XPU_VISIBLE_DEVICES selects the XPUs.
 So: Kunlun = torch_xmlir importable and torch.cuda sees devices. The device name is a second check,
-read at bind time (reading it initialises the runtime): a device that calls itself 'NVIDIA ...'
-is never claimed as Kunlun (and hal_cuda never claims a device while torch_xmlir is installed).
+read only after the HAL selected this rank's device (reading it initialises the runtime; the
+contract forbids touching a device before selection, hal.contract.hookspecs `hal_device_runtime`):
+`KunlunRuntime.device_name` refuses a selected device that calls itself 'NVIDIA ...' (and hal_cuda
+never claims a device while torch_xmlir is installed).
 
 Visible devices. Kunlun's own integrations set both variables to the same list: the XPU runtime
 reads XPU_VISIBLE_DEVICES (vLLM-Kunlun@09869ee7 setup_env.sh and ci/scripts/common/env.sh), the
@@ -34,9 +36,9 @@ SOURCES = ("baidu-baige/sglang-kunlun sglang_kunlun/platform/srt.py (activate: t
            "baidu/vLLM-Kunlun vllm_kunlun/platforms/kunlun.py (device_type cuda, dist_backend nccl)")
 
 
-def probe(read_names: bool = False) -> dict[str, Any]:
-    """What this process sees; `native` says whether chip `kunlun` is usable, `reason` why.
-    With `read_names`, also the device names (initialises the device runtime)."""
+def probe() -> dict[str, Any]:
+    """What this process sees; `native` says whether chip `kunlun` is usable, `reason` why. Touches
+    no device (device_count() asks NVML-like counters, never a context)."""
     found: dict[str, Any] = {"adapter": ADAPTER, "sources": list(SOURCES),
                              "XPU_VISIBLE_DEVICES": os.environ.get("XPU_VISIBLE_DEVICES"),
                              "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
@@ -62,13 +64,6 @@ def probe(read_names: bool = False) -> dict[str, Any]:
     found["device_count"] = count
     if count < 1:
         return {**found, "native": False, "reason": f"{ADAPTER} imports but torch.cuda sees no device"}
-    if read_names:
-        names = device_names(module, count)
-        found["device_names"] = names
-        nvidia = [n for n in names if n.upper().startswith("NVIDIA")]
-        if nvidia:
-            return {**found, "native": False,
-                    "reason": f"{ADAPTER} is installed but the devices report NVIDIA names {nvidia}: not claimed as Kunlun"}
     return {**found, "native": True, "reason": f"{ADAPTER} imports and torch.cuda sees {count} XPU(s)"}
 
 
@@ -92,16 +87,14 @@ def sync_visible_devices(env: MutableMapping[str, str]) -> Optional[str]:
     return None
 
 
-def device_names(module: Any, count: int) -> list[str]:
-    """Each device's name: torch_xmlir's own (`torch_xmlir.xpu.get_device_name`) when the build has
-    it, else torch.cuda's (which a CUDA-compatibility shim may answer generically, e.g. 'GPU')."""
-    out = []
-    for i in range(count):
-        out.append(adapter_device_name(module, i) or torch.cuda.get_device_name(i))
-    return out
+def is_nvidia_name(name: str) -> bool:
+    """A device that calls itself 'NVIDIA ...' is an NVIDIA GPU, whatever adapter is installed."""
+    return name.strip().upper().startswith("NVIDIA")
 
 
 def adapter_device_name(module: Any, index: int) -> Optional[str]:
+    """torch_xmlir's own name of device `index` (`torch_xmlir.xpu.get_device_name`), None when the
+    build lacks it; torch.cuda's may be generic through the CUDA-compatibility shim (e.g. 'GPU')."""
     fn = getattr(getattr(module, "xpu", None), "get_device_name", None)
     if not callable(fn):
         return None
