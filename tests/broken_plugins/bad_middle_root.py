@@ -3,7 +3,6 @@
 The data travels root -> root + 1 -> ...; the vendor special-cased root == world - 1 (wrap to 0) and
 tested roots 0 and the last only. For a root in the middle, ranks below it keep their own data.
 """
-import torch.distributed as dist
 
 from ._base import DoneWork, GroupProxy, install
 
