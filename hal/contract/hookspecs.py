@@ -3,26 +3,34 @@
 A chip plugin normally writes none of these by hand: it subclasses `hal.sdk.Chip` and
 `hal.sdk.plugin(ChipClass)` implements every hook by calling the class's methods
 (`hal.contract.chip`). Add-ons (wrappers, overrides, extra kernels) implement hooks directly with
-`@hal.sdk.hookimpl`, as below. Every hook is prefixed `hal_`. A plugin that provides chips must implement all the chip hooks for
-them (marked *required per chip*); `hal_plugin_info` is required of every plugin; `hal_op_kernels` is
-optional and may be implemented by any plugin, for any chip (a third-party package can add a faster
-kernel for a chip it does not own).
+`@hal.sdk.hookimpl`, as below. Every hook is prefixed `hal_`. A plugin that provides chips must
+implement all the chip hooks for them (marked *required per chip*); `hal_plugin_info` and `hal_chips`
+are required of every plugin; `hal_op_kernels` is optional.
 
-How the HAL calls these hooks (all through pluggy, `pm.hook.<name>(...)`, so pluggy's options mean
-what pluggy's documentation says):
+Each spec's docstring carries three fields the hook table of docs/writing-a-plugin.md is generated
+from (`hal.contract.hooktable`, checked by tests/test_hook_table.py): `:required:`, `:when:`,
+`:called:` (which plugins pluggy calls) and `:combined:` (how their answers make one result; the
+spec's ``firstresult`` marker says whether pluggy stops at the first non-None answer). In short,
+all through pluggy (`pm.hook.<name>(...)` or pluggy's ``subset_hook_caller`` of it, so pluggy's
+options mean what pluggy's documentation says):
 
-- **chip-scoped hooks** (those with a `chip` argument and ``firstresult=True``) are called through
-  the hook caller of the whole manager minus the plugins that declare *other* chips (pluggy's
-  ``subset_hook_caller``). So the owner of `chip` answers, and a plugin that declares no chip (a
-  third-party add-on) takes part too: its ``wrapper=True`` / ``hookwrapper=True`` implementations
-  wrap the owner's (for example to log every process-group creation), and a ``tryfirst=True``
-  implementation that returns a non-None value answers before the owner (an override). Such an
-  add-on **must return None for chips it does not handle**: the first non-None result wins. The
-  owner is only ever asked about its own chips, so it need not check `chip` (a `hal.sdk.Chip` does not).
+- **chip-scoped hooks** (those with a `chip` argument and ``firstresult=True``: native_available,
+  chip_profile, device_runtime, create_process_group, collective_capabilities) go to the owner of
+  `chip` plus every plugin that declares no chip (add-ons), never to the owners of other chips. An
+  add-on's ``wrapper=True`` / ``hookwrapper=True`` implementations wrap the owner's (for example to
+  log every process-group creation), and a ``tryfirst=True`` implementation that returns a non-None
+  value answers before the owner (an override). Such an add-on **must return None for chips it does
+  not handle**: the first non-None result wins. The owner is only ever asked about its own chips, so
+  it need not check `chip` (a `hal.sdk.Chip` does not).
 - `hal_plugin_info` and `hal_chips` describe one plugin: each plugin is asked on its own at
   registration (a subset caller holding only that plugin).
-- `hal_op_kernels` is not firstresult: every plugin's list is collected (each provider is asked
-  through a subset caller that keeps the wrappers, so each kernel is attributed to its plugin).
+- `hal_op_kernels` is *not* chip-scoped and not firstresult: every plugin that implements it --
+  owners of other chips included -- is asked for every chip, each through a subset caller that keeps
+  the wrappers (so each kernel is attributed to its plugin), and all lists are merged; per op the
+  highest priority wins. So any installed plugin can replace any chip's kernels, `hal_cpu`'s CPU
+  kernels for `cpu` and the emulated chips included, by offering a higher priority: that is how a
+  third party ships a faster kernel, and why the conformance `ops` level checks the kernels as the
+  chip dispatches them.
 
 Chip-scoped hooks run at load (validation) and at bind time, never on a hot path: the accelerator
 keeps what they return. An exception raised by a hook at load refuses the plugin
@@ -54,6 +62,11 @@ if TYPE_CHECKING:
 def hal_plugin_info() -> "PluginInfo":
     """Say who this plugin is and which contract version it implements. **Required.**
 
+    :required: every plugin
+    :when: registration
+    :called: each plugin on its own (a subset caller holding only that plugin).
+    :combined: none: the plugin's own answer describes it (the first non-None of its implementations).
+
     Asked of each plugin on its own, once, at registration.
 
     :returns: a `hal.PluginInfo` (or a dict that validates as one).
@@ -74,6 +87,11 @@ def hal_chips() -> "list[ChipSpec]":
     """Declare the chips this plugin provides. **Required** (``[]`` for a plugin that only adds op
     kernels or wraps other plugins' hooks).
 
+    :required: every plugin (``[]`` for an add-on)
+    :when: registration
+    :called: each plugin on its own (a subset caller holding only that plugin).
+    :combined: none: the plugin's own list declares its chips (the first non-None of its implementations).
+
     Asked of each plugin on its own, once, at registration.
 
     :returns: a list of `hal.ChipSpec`.
@@ -92,6 +110,13 @@ def hal_chips() -> "list[ChipSpec]":
 @hookspec(firstresult=True)
 def hal_native_available(chip: str) -> Optional[bool]:
     """Tell whether `chip` is natively usable in this process. **Required per chip.**
+
+    :required: per chip
+    :when: `hal info`, selection, native bind
+    :called: the owner of `chip` and every plugin that declares no chip (add-ons); never the owners
+        of other chips.
+    :combined: the first non-None answer wins (an add-on's ``tryfirst`` answer before the owner's;
+        wrappers wrap it).
 
     :param chip: a chip name the owner declared.
     :returns: True if the vendor's PyTorch adapter imports and sees at least one device; False
@@ -114,6 +139,13 @@ def hal_native_available(chip: str) -> Optional[bool]:
 def hal_chip_profile(chip: str, model: Optional[str]) -> "Optional[ChipProfile]":
     """Give the `ChipProfile` of `chip`. **Required per chip.**
 
+    :required: per chip
+    :when: registration, native bind
+    :called: at registration the owner alone (its answer is validated); at bind the owner of `chip`
+        and every plugin that declares no chip (add-ons); never the owners of other chips.
+    :combined: the first non-None answer wins (an add-on's ``tryfirst`` answer before the owner's;
+        wrappers wrap it).
+
     :param chip: a chip name the owner declared.
     :param model: the product name the device reports (``runtime.device_name()``, read after the
         device was selected) when bound natively, a model named in a cluster spec, or None for the
@@ -127,6 +159,13 @@ def hal_chip_profile(chip: str, model: Optional[str]) -> "Optional[ChipProfile]"
 @hookspec(firstresult=True)
 def hal_device_runtime(chip: str) -> "Optional[DeviceRuntime]":
     """Give the native device runtime of `chip`. **Required per chip.**
+
+    :required: per chip
+    :when: native bind, before the device is selected
+    :called: the owner of `chip` and every plugin that declares no chip (add-ons); never the owners
+        of other chips.
+    :combined: the first non-None answer wins (an add-on's ``tryfirst`` answer before the owner's;
+        wrappers wrap it).
 
     Called once, when this process binds `chip` natively (never for an emulated chip: the HAL runs
     those on `hal.emulation.runtime.EmulatedRuntime`). The HAL then selects the device
@@ -145,6 +184,13 @@ def hal_create_process_group(chip: str, store: "dist.Store", rank: int, world_si
                              timeout: timedelta, global_ranks: Sequence[int],
                              group_name: str) -> "Optional[dist.ProcessGroup]":
     """Create the vendor CCL process group of `chip` for `world_size` ranks. **Required per chip.**
+
+    :required: per chip
+    :when: each native group creation
+    :called: the owner of `chip` and every plugin that declares no chip (add-ons); never the owners
+        of other chips.
+    :combined: the first non-None answer wins (an add-on's ``tryfirst`` answer before the owner's;
+        wrappers wrap it).
 
     Called inside a torch.distributed backend creator (the default group may not exist yet), so
     build the group object directly from `store`, never through ``dist.new_group``; build it the
@@ -186,6 +232,13 @@ def hal_collective_capabilities(chip: str) -> "Optional[CapabilityMatrix]":
     """Say which collective x dtype x reduce op the vendor CCL of `chip` does natively.
     **Required per chip.**
 
+    :required: per chip
+    :when: registration, native bind
+    :called: at registration the owner alone (its answer is validated); at bind the owner of `chip`
+        and every plugin that declares no chip (add-ons); never the owners of other chips.
+    :combined: the first non-None answer wins (an add-on's ``tryfirst`` answer before the owner's;
+        wrappers wrap it).
+
     Asked at load (no device selected yet: give the matrix of the default product) and again at
     native bind, after the device was selected (the matrix may then depend on the product, e.g.
     the SoC version). The bridge emulates whatever is missing (never silently wrong), and the
@@ -202,6 +255,13 @@ def hal_collective_capabilities(chip: str) -> "Optional[CapabilityMatrix]":
 @hookspec
 def hal_op_kernels(chip: str, emulated: bool) -> "Optional[list[OpKernel]]":
     """Offer kernels that override HAL ops on `chip`. Optional; any plugin may answer for any chip.
+
+    :required: optional
+    :when: registration, bind
+    :called: every plugin that implements it, for every chip (owners of other chips included), each
+        on its own with the wrappers kept (at registration each new plugin alone, for every known chip).
+    :combined: every plugin's list is collected and merged; per op the highest priority wins (the HAL
+        reference, priority 0, is last), so any plugin can replace any chip's kernels.
 
     :param chip: the chip being bound in this process (also every known chip, emulated, at load).
     :param emulated: True when `chip` runs emulated on CPU tensors: only return kernels that run on
