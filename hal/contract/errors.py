@@ -1,6 +1,8 @@
 """Typed errors of the HAL: each names what was wrong and where (plugin, hook, field, value)."""
 from __future__ import annotations
 
+from typing import Any, Optional
+
 
 class HalError(Exception):
     """Base of every error the HAL raises on purpose."""
@@ -56,7 +58,13 @@ class NotSupportedError(HalError, NotImplementedError):
 
 
 class ClusterSpecError(HalError, ValueError):
-    """A cluster spec file is invalid; the message names field, value and (where known) line."""
+    """A cluster spec file is invalid; the message names field, value and (where known) line. The
+    spec parser sets `source` (file), `field`, `value` and `line` on the error it raises."""
+
+    source: str
+    field: Optional[str]
+    value: Any
+    line: Optional[int]
 
 
 # ---- what a survivor sees when a peer of a collective fails, on any fabric --------------------------

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import pluggy
 from pydantic import ValidationError
 
+from hal import envs
 from hal.contract import hookspecs
 from hal.contract.capabilities import CapabilityMatrix
 from hal.contract.chip import Chip, plugin as chip_plugin
@@ -60,10 +60,6 @@ class PluginRecord:
                 "distribution": self.distribution, "chips": list(self.chips)}
 
 
-def _truthy(value: Optional[str]) -> bool:
-    return (value or "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
 def _definition(obj: Any) -> str:
     """`def name(args)` of a hook implementation, for error messages."""
     try:
@@ -83,10 +79,9 @@ class PluginManager:
         self.load_errors: list[str] = []
 
     # ---- discovery -------------------------------------------------------------------------
-    def load_entry_points(self, env: Optional[dict] = None) -> None:
+    def load_entry_points(self, env: Optional[Mapping[str, str]] = None) -> None:
         """Load plugins as the switches say. A broken plugin raises: it is never skipped silently."""
-        env = os.environ if env is None else env
-        explicit = [p.strip() for p in (env.get("HAL_PLUGINS") or "").split(",") if p.strip()]
+        explicit = envs.HAL_PLUGINS.get(env)
         eps = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
         if explicit:
             for name in explicit:
@@ -101,7 +96,7 @@ class PluginManager:
                                                     f"({sorted(eps)}) nor importable: {exc}") from exc
                     self.register(module)
             return
-        if _truthy(env.get("HAL_DISABLE_PLUGIN_AUTOLOAD")):
+        if envs.HAL_DISABLE_PLUGIN_AUTOLOAD.get(env):
             return
         for ep in sorted(eps.values(), key=lambda e: e.name):
             self._load_entry_point(ep)
@@ -123,7 +118,8 @@ class PluginManager:
             try:
                 plugin = chip_plugin(plugin)
             except TypeError as exc:
-                raise PluginValidationError(name or getattr(plugin, "__name__", repr(plugin)), None, str(exc)) from exc
+                label = str(name or getattr(plugin, "__name__", repr(plugin)))
+                raise PluginValidationError(label, None, str(exc)) from exc
         label = name or getattr(plugin, "__name__", None) or type(plugin).__name__
         self._check_hook_names(plugin, label)
         try:
@@ -271,7 +267,7 @@ class PluginManager:
         if not isinstance(results, list):
             raise PluginValidationError(label, "hal_op_kernels", f"chip {chip!r}: returned {results!r}, "
                                         f"expected a list of hal.OpKernel")
-        kernels = []
+        kernels: list[OpKernel] = []
         for r in results:
             if r is None:
                 continue

@@ -46,7 +46,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 import statistics
 import sys
@@ -56,6 +55,8 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
+
+from hal import envs
 
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
 log = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ class Display:
     def __init__(self, total: int, start: int, interval: int) -> None:
         self.total, self.interval = total, interval
         self._bar = self._task = None
-        if sys.stdout.isatty() and os.environ.get("HAL_TRAIN_PLAIN", "") in ("", "0"):
+        if sys.stdout.isatty() and not envs.HAL_TRAIN_PLAIN.get():
             try:
                 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
                 self._bar = Progress(TextColumn("hal train"), BarColumn(), MofNCompleteColumn(),

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any, Optional
 
+from hal import envs
 from hal.contract.errors import HalError
 
 
@@ -66,7 +66,7 @@ def to_toml(data: dict) -> str:
 
 # ---- the parts -----------------------------------------------------------------------------------
 def emulate_map(cfg) -> str:
-    text = cfg.cluster.emulate or ("" if cfg.cluster.spec else os.environ.get("HAL_EMULATE", ""))
+    text = cfg.cluster.emulate or ("" if cfg.cluster.spec else envs.HAL_EMULATE.text())
     if not text.strip():
         raise PartsError(f"cluster.emulate = {cfg.cluster.emulate!r}, cluster.spec = {cfg.cluster.spec!r} and "
                          f"HAL_EMULATE / HAL_CLUSTER are unset: --measure-parts splits the cluster (an emulate map "
@@ -81,8 +81,8 @@ def cluster_spec_path(cfg) -> Optional[Path]:
         return None
     if cfg.cluster.spec:
         return cfg.resolve(cfg.cluster.spec)
-    if not os.environ.get("HAL_EMULATE", "").strip() and os.environ.get("HAL_CLUSTER", "").strip():
-        return Path(os.environ["HAL_CLUSTER"]).resolve()
+    if not envs.HAL_EMULATE.is_set() and envs.HAL_CLUSTER.is_set():
+        return Path(envs.HAL_CLUSTER.text()).resolve()
     return None
 
 

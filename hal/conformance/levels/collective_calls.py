@@ -116,7 +116,7 @@ class Placed:
 
     def problems(self) -> list[tuple[str, Optional[str]]]:
         """Inputs changed, or elements outside an output's view overwritten."""
-        out = []
+        out: list[tuple[str, Optional[str]]] = []
         for name, view, before, inside, writes in self._items:
             base = view if self.layout == "contiguous" or view.numel() == 0 else None
             if base is None:
@@ -175,8 +175,14 @@ class _Call:
     def empty(self, k: int) -> torch.Tensor:
         return torch.zeros(k, dtype=getattr(torch, self.case.dtype))
 
+    @property
+    def reduce_name(self) -> str:
+        """The reduce op of a reducing case (its name); only reducing collectives ask."""
+        assert self.case.op is not None, f"{self.case.collective}: no reduce op"
+        return self.case.op
+
     def op(self) -> Any:
-        return reduce_op(self.case.op)
+        return reduce_op(self.reduce_name)
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
@@ -186,7 +192,7 @@ def _host(t: torch.Tensor) -> torch.Tensor:
 def _all_reduce(x: _Call) -> Checks:
     t = x.placed.put("tensor", x.inp(x.rank), writes=True)
     x.pg.allreduce([t], _opts(dist.AllreduceOptions, reduceOp=x.op())).wait()
-    return [("output", verdict_reduce(_host(t), [x.inp(r) for r in range(x.world)], x.case.op, x.case.dtype))]
+    return [("output", verdict_reduce(_host(t), [x.inp(r) for r in range(x.world)], x.reduce_name, x.case.dtype))]
 
 
 def _reduce(x: _Call) -> Checks:
@@ -195,7 +201,7 @@ def _reduce(x: _Call) -> Checks:
     x.pg.reduce([t], _opts(dist.ReduceOptions, reduceOp=x.op(), rootRank=x.case.root)).wait()
     if x.rank != x.case.root:
         return [("non-root (not checked)", None)]
-    return [("root output", verdict_reduce(_host(t), [x.inp(r) for r in range(x.world)], x.case.op, x.case.dtype))]
+    return [("root output", verdict_reduce(_host(t), [x.inp(r) for r in range(x.world)], x.reduce_name, x.case.dtype))]
 
 
 def _reduce_scatter(x: _Call) -> Checks:
@@ -210,7 +216,7 @@ def _reduce_scatter(x: _Call) -> Checks:
     else:
         x.pg._reduce_scatter_base(out, x.placed.put("input", x.inp(x.rank, n * world), writes=False), o).wait()
     want = [x.inp(r, n * world)[x.rank * n:(x.rank + 1) * n] for r in range(world)]
-    return [("output", verdict_reduce(_host(out), want, x.case.op, x.case.dtype))]
+    return [("output", verdict_reduce(_host(out), want, x.reduce_name, x.case.dtype))]
 
 
 def _broadcast(x: _Call) -> Checks:

@@ -1,7 +1,7 @@
-"""Op-level profile of a pipeline stage: the (FLOPs, bytes) of every aten op that one micro-batch's
-forward, its backward and one optimizer step run, counted on fake CPU tensors (FakeTensorMode: shapes only, no memory, no compute)
-with the formulas `hal.emulation.timed` charges an emulated chip by (torch.utils.flop_counter's FLOPs; bytes =
-the op's tensor inputs and outputs, as the host runs them).
+"""Op-level profile of a pipeline stage: the (FLOPs, bytes) of every aten op that one micro-batch's forward,
+its backward and one optimizer step run, counted on fake CPU tensors (FakeTensorMode: shapes only, no memory,
+no compute) with the formulas `hal.emulation.timed` charges an emulated chip by (torch.utils.flop_counter's
+FLOPs; bytes = the op's tensor inputs and outputs, as the host runs them).
 
 With a profile the cost model prices a stage op by op, sum over ops of max(flops / F, bytes / B) (a
 roofline per op), instead of (total FLOPs / F + activation bytes / B). The totals cannot tell that a
@@ -45,10 +45,10 @@ class Ops(NamedTuple):
 
 
 class _Count(TorchDispatchMode):
-    """Records every op hal.emulation.timed would charge (views, allocations, metadata and collectives are free),
-    with hal.emulation.timed's rules and formulas. Not `hal.emulation.timed.record_ops`: its TimedMode leaves fake tensors
-    uncharged on purpose (shape propagation inside DTensor is no device work), and the profile runs
-    on fake tensors so that it costs no memory or compute at any model size."""
+    """Records every op hal.emulation.timed would charge (views, allocations, metadata and collectives are
+    free), with hal.emulation.timed's rules and formulas. Not `hal.emulation.timed.record_ops`: its TimedMode
+    leaves fake tensors uncharged on purpose (shape propagation inside DTensor is no device work), and the
+    profile runs on fake tensors so that it costs no memory or compute at any model size."""
 
     def __init__(self) -> None:
         super().__init__()

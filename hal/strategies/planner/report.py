@@ -114,7 +114,8 @@ def efficiency_lines(result) -> str:
     """This plan, the best even layout and the ideal side by side (tokens/s, step, share of the ideal)."""
     ideal = result.ideal_tokens_per_s
     lines = [f"{'':12} {'tokens/s':>12} {'step (s)':>9} {'of ideal':>9}",
-             f"{'this plan':12} {result.best.sim.tokens_per_s:12.0f} {result.best.sim.step_time_s:9.3f} {result.efficiency:9.1%}"]
+             f"{'this plan':12} {result.best.sim.tokens_per_s:12.0f} {result.best.sim.step_time_s:9.3f} "
+             f"{result.efficiency:9.1%}"]
     if result.even is not None:
         lines.append(f"{'Plan.even':12} {result.even.sim.tokens_per_s:12.0f} {result.even.sim.step_time_s:9.3f} "
                      f"{result.even_efficiency:9.1%}   ({result.even.describe})")

@@ -175,7 +175,8 @@ def even_candidates(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, m
                 shape, est = best
                 out.append(Candidate("even", shape, est, f"Plan.even: tp {t}, pp {p}, dp {d}{_ep_text(model, ep, d)}, "
                                                         f"micro-batch {bm} x {m}, "
-                                                        f"zero {shape.zero}, recompute {'full' if shape.recompute[0] else 'none'}"))
+                                                        f"zero {shape.zero}, "
+                                                        f"recompute {'full' if shape.recompute[0] else 'none'}"))
     return out
 
 
@@ -261,5 +262,6 @@ def split_candidates(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, 
             desc = ", ".join(f"{f.name}: tp {t} x {pc} stages x dp {d}" for f, (t, pc), d in zip(facts, combo, dc))
             ept = "" if not model.experts else (f", ep {ep}" if ep else ", ep = dp")
             out.append(Candidate("split", shape, est, f"split stages ({desc}){ept}, micro-batch {bm} x {m}, "
-                                                      f"zero {shape.zero}, recompute in {sum(shape.recompute)}/{len(shape.recompute)} stages"))
+                                                      f"zero {shape.zero}, recompute in "
+                                                      f"{sum(shape.recompute)}/{len(shape.recompute)} stages"))
     return out
