@@ -35,6 +35,7 @@ import torch.distributed as dist
 from hal.contract.capabilities import reduce_op_name
 from hal.contract.errors import NotSupportedError
 from hal.emulation.cpu_fabric import cpu_fabric_capabilities
+from hal.emulation.named_group import NamedProcessGroup
 
 # ProcessGroupGloo method -> collective name of the capability matrix.
 _COLLECTIVE = {
@@ -191,7 +192,7 @@ def _forward(name: str, writes_first: bool = True):
     return method
 
 
-class StridedSafeGloo(dist.ProcessGroup):
+class StridedSafeGloo(NamedProcessGroup):
     """A `dist.ProcessGroup` with ProcessGroupGloo's methods, correct for non-contiguous tensors.
 
     Works for `dist.*(..., group=pg)` and direct calls (`pg.broadcast([t], opts).wait()`); the gloo
@@ -200,8 +201,6 @@ class StridedSafeGloo(dist.ProcessGroup):
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta):
         super().__init__(rank, size)
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
-        self._group_name = ""
-        self._group_desc = ""
         _live.add(self)
 
     @property
@@ -210,18 +209,6 @@ class StridedSafeGloo(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return "gloo"
-
-    def getGroupName(self) -> str:
-        return self._group_name
-
-    def setGroupName(self, name: str) -> None:
-        self._group_name = name
-
-    def getGroupDesc(self) -> str:
-        return self._group_desc
-
-    def setGroupDesc(self, desc: str) -> None:
-        self._group_desc = desc
 
     def __repr__(self) -> str:
         return f"StridedSafeGloo(rank={self.rank()}, size={self.size()})"

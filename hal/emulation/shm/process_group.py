@@ -27,6 +27,7 @@ from typing import Any, NoReturn, Optional
 import torch
 import torch.distributed as dist
 
+from hal.emulation.named_group import NamedProcessGroup
 from hal.emulation.shm.errors import ShmMismatchError, ShmUnsupportedError
 
 _R = dist.ReduceOp.RedOpType
@@ -95,7 +96,7 @@ class _P2PWork(dist.Work):
         return fut
 
 
-class ShmProcessGroup(dist.ProcessGroup):
+class ShmProcessGroup(NamedProcessGroup):
     """See the module docstring. Build with `hal.emulation.shm.create_shm_process_group`."""
 
     def __init__(self, comm: Any, store: Any, rank: int, size: int, timeout: timedelta, slot_bytes: int):
@@ -107,25 +108,11 @@ class ShmProcessGroup(dist.ProcessGroup):
         self._inflight: dict[int, list] = {}  # p2p op id -> buffers kept alive until done
         self._coll_lock = threading.Lock()
         self._p2p_lock = threading.Lock()  # _inflight is touched by senders and by Work.wait()
-        self._group_name = ""
-        self._group_desc = ""
         _live.add(self)
 
     # ---- identity ---------------------------------------------------------------------------
     def getBackendName(self) -> str:
         return "shm"
-
-    def getGroupName(self) -> str:
-        return self._group_name
-
-    def setGroupName(self, name: str) -> None:
-        self._group_name = name
-
-    def getGroupDesc(self) -> str:
-        return self._group_desc
-
-    def setGroupDesc(self, desc: str) -> None:
-        self._group_desc = desc
 
     @property
     def segment_bytes(self) -> int:
