@@ -1,11 +1,14 @@
-"""Typed errors of the strategies' configuration objects (Plan, ModelConfig), and the one conversion
-of a pydantic ValidationError into them: field path (e.g. `stages[1].replicas[0].microbatch`) and
-the offending value in the message."""
+"""Typed errors of the strategies' configuration objects (Plan, ModelConfig; the trainer's TrainConfig
+too), and the one conversion of a pydantic ValidationError into them: field path (e.g.
+`stages[1].replicas[0].microbatch`) and the offending value in the message. `FieldErrorModel` is the
+pydantic base that raises them, `read_toml` the one reader of a config file."""
 from __future__ import annotations
 
-from typing import Any
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar, Union
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from hal.contract.errors import HalError, field_path, value_at  # noqa: F401  (field_path re-exported)
 
@@ -56,3 +59,25 @@ def from_validation_error(exc: ValidationError, data: Any, cls: type[FieldError]
     if len(problems) > 1:
         err.args = ("\n".join(f"{cls.kind} {f} = {v!r}: {m}" for f, v, m in problems),)
     return err
+
+
+class FieldErrorModel(BaseModel):
+    """A pydantic model whose construction raises one `field_error` (listing every problem) instead of
+    pydantic's ValidationError; a subclass names its FieldError subclass."""
+
+    field_error: ClassVar[type[FieldError]] = FieldError
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise from_validation_error(exc, data, type(self).field_error) from None
+
+
+def read_toml(path: Union[str, Path], cls: type[FieldError], what: str) -> dict[str, Any]:
+    """The TOML file at `path` as a dict; a file that cannot be read or parsed is a `cls` error on
+    field `(file)` whose value is the path: "cannot read {what}: ..."."""
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise cls("(file)", str(path), f"cannot read {what}: {exc}") from None

@@ -29,9 +29,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, Mapping, NamedTuple, Optional, Sequence, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from .errors import PlanError, from_validation_error
+from .errors import FieldErrorModel, PlanError
 from .schedule import MULTI_STAGE_SCHEDULES, Schedule
 
 __all__ = ["Plan", "Stage", "Replica", "Role", "PlanError", "PLAN_VERSION"]
@@ -39,14 +39,9 @@ __all__ = ["Plan", "Stage", "Replica", "Role", "PlanError", "PLAN_VERSION"]
 PLAN_VERSION = 1
 
 
-class _Model(BaseModel):
+class _Model(FieldErrorModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise from_validation_error(exc, data, PlanError) from None
+    field_error = PlanError
 
 
 class Replica(_Model):

@@ -10,13 +10,12 @@ relative to the config file's directory, so an example config runs from anywhere
 from __future__ import annotations
 
 import math
-import tomllib
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hal.strategies.errors import FieldError, from_validation_error
+from hal.strategies.errors import FieldError, FieldErrorModel, read_toml
 
 
 BYTE_VOCAB = 256  # every data source is bytes (hal.trainer.data.VOCAB is this)
@@ -157,7 +156,8 @@ class DebugSection(_Section):
         return bool(self.faults or self.throttle or self.link_delay)
 
 
-class TrainConfig(_Section):
+class TrainConfig(_Section, FieldErrorModel):
+    field_error = TrainConfigError
     seed: int = 0
     steps: int = Field(ge=1, description="steps of the schedule (cosine decays to its end)")
     stop_after: Optional[int] = Field(
@@ -177,12 +177,6 @@ class TrainConfig(_Section):
     debug: DebugSection = DebugSection()
     base_dir: str = Field(default=".", description="set by from_toml: the config file's directory")
 
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise from_validation_error(exc, data, TrainConfigError) from None
-
     @model_validator(mode="after")
     def _cross(self) -> "TrainConfig":
         if self.stop_after is not None and self.stop_after > self.steps:
@@ -198,10 +192,7 @@ class TrainConfig(_Section):
     @classmethod
     def from_toml(cls, path: Union[str, Path]) -> "TrainConfig":
         path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise TrainConfigError("(file)", str(path), f"cannot read train config: {exc}") from None
+        data = read_toml(path, TrainConfigError, "train config")
         data.setdefault("base_dir", str(path.resolve().parent))
         return cls(**data)
 

@@ -22,19 +22,19 @@ Counts (h = hidden, f = ffn, s = seq, a = heads, V = vocab, E = experts, k = top
 """
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from ..errors import ModelConfigError, from_validation_error
+from ..errors import FieldErrorModel, ModelConfigError, read_toml
 
 
-class ModelConfig(BaseModel):
+class ModelConfig(FieldErrorModel):
     """Sizes of a decoder-only transformer; experts = 0 means dense."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    field_error = ModelConfigError
 
     name: str = Field(min_length=1)
     layers: int = Field(ge=1, description="decoder blocks")
@@ -49,12 +49,6 @@ class ModelConfig(BaseModel):
     moe_aux_loss_coef: float = Field(default=0.01, ge=0)
     rope_theta: float = Field(default=10000.0, gt=0)
     norm_eps: float = Field(default=1e-6, gt=0)
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise from_validation_error(exc, data, ModelConfigError) from None
 
     @model_validator(mode="after")
     def _sizes(self) -> "ModelConfig":
@@ -72,11 +66,7 @@ class ModelConfig(BaseModel):
     @classmethod
     def from_toml(cls, path: Union[str, Path]) -> "ModelConfig":
         """Read a config file: its fields at top level (or under a `[model]` table)."""
-        path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ModelConfigError("(file)", str(path), f"cannot read model config: {exc}") from None
+        data = read_toml(path, ModelConfigError, "model config")
         if isinstance(data.get("model"), dict):
             data = data["model"]
         return cls(**data)
