@@ -80,6 +80,7 @@ def hal_plugin_info() -> "PluginInfo":
         def hal_plugin_info():
             return sdk.PluginInfo(name="acme", version="0.1.0", contract_version="1.1")
     """
+    raise NotImplementedError  # a specification: pluggy never calls it
 
 
 @hookspec(firstresult=True)
@@ -105,6 +106,7 @@ def hal_chips() -> "list[ChipSpec]":
             return [sdk.ChipSpec(name="acme", vendor="Acme", torch_device_type="acme",
                                  ccl_backend="accl", visible_devices_env="ACME_VISIBLE_DEVICES")]
     """
+    raise NotImplementedError  # a specification: pluggy never calls it
 
 
 @hookspec(firstresult=True)

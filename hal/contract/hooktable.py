@@ -36,7 +36,7 @@ def spec_fields(name: str, fn: Callable[..., Any]) -> dict[str, str]:
     """The table fields of a spec's docstring (a field's text continues on more-indented lines)."""
     found: dict[str, str] = {}
     current = None
-    for line in inspect.getdoc(fn).splitlines():
+    for line in (inspect.getdoc(fn) or "").splitlines():
         m = _FIELD.match(line)
         if m:
             current = m.group(1) if m.group(1) in FIELDS else None
