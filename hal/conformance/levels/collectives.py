@@ -199,23 +199,20 @@ def check_async_wait(ctx) -> str:
 
 
 def discover(target: Target) -> list[Check]:
+    """The group checks, one check a combination of collective x dtype x reduce op, then the barrier;
+    every one on all ranks, bounded by the group's timeout."""
     t = multi_rank_timeout(target.group_timeout_s)
-    checks = [
-        Check("collectives.process_group", "collectives",
-              "the chip's CCL group reports its rank and size and completes a barrier",
-              check_process_group, where="all", timeout=t),
-        Check("collectives.async_wait", "collectives",
-              "after an async collective's work.wait() returns, the output holds the result",
-              check_async_wait, where="all", timeout=t),
-    ]
+    rows = [("process_group", "the chip's CCL group reports its rank and size and completes a barrier",
+             check_process_group, ()),
+            ("async_wait", "after an async collective's work.wait() returns, the output holds the result",
+             check_async_wait, ())]
     for suffix, coll, d, op in combinations():
         what = (f"{coll} of {d} with {op}: golden result if declared, refusal if not" if op else
                 f"{coll} of {d}: bit-exact if declared, refusal if not")
-        checks.append(Check(f"collectives.{suffix}", "collectives", what, check_collective,
-                            (coll, d, op, target.world_sizes), where="all", timeout=t))
-    checks.append(Check("collectives.barrier", "collectives", "barrier completes on every rank",
-                        check_barrier, where="all", timeout=t))
-    return checks
+        rows.append((suffix, what, check_collective, (coll, d, op, target.world_sizes)))
+    rows.append(("barrier", "barrier completes on every rank", check_barrier, ()))
+    return [Check(f"collectives.{name}", "collectives", doc, fn, params, where="all", timeout=t)
+            for name, doc, fn, params in rows]
 
 
 def check_barrier(ctx) -> str:

@@ -179,30 +179,30 @@ def check_collective_timeout(ctx) -> str:
     return f"{msg} after {time.perf_counter() - t0:.1f}s"
 
 
+# (name, what it checks, function): ops on rank 0 (60 s each), then the chip's group on every rank.
+_OP_CHECKS = [
+    ("op_wrong_dtype", "ops given operands of the wrong dtype raise", check_op_wrong_dtype),
+    ("op_wrong_device", "ops given a tensor on another device raise", check_op_wrong_device),
+    ("op_mismatched_shapes", "ops given operands of mismatched shapes raise", check_op_mismatched_shapes),
+    ("device_index_out_of_range", "set_device_index(device_count()) raises", check_device_index),
+]
+_GROUP_CHECKS = [
+    ("collective_wrong_dtype", "collectives whose output dtype differs from the input raise; the group still works",
+     check_collective_wrong_dtype),
+    ("collective_mismatched_sizes",
+     "collectives with mismatched output/input sizes or splits raise; the group still works",
+     check_collective_mismatched_sizes),
+    ("collective_root_out_of_range", "broadcast/reduce with root >= world or < 0 raise; the group still works",
+     check_collective_root),
+    ("collective_wrong_device", "a tensor on another device given to the chip's group raises; the group still works",
+     check_collective_wrong_device),
+]
+
+
 def discover(target) -> list[Check]:
     t = multi_rank_timeout(target.group_timeout_s)
-    return [
-        Check("errors.op_wrong_dtype", "errors", "ops given operands of the wrong dtype raise",
-              check_op_wrong_dtype, where="rank0", timeout=60),
-        Check("errors.op_wrong_device", "errors", "ops given a tensor on another device raise",
-              check_op_wrong_device, where="rank0", timeout=60),
-        Check("errors.op_mismatched_shapes", "errors", "ops given operands of mismatched shapes raise",
-              check_op_mismatched_shapes, where="rank0", timeout=60),
-        Check("errors.device_index_out_of_range", "errors", "set_device_index(device_count()) raises",
-              check_device_index, where="rank0", timeout=60),
-        Check("errors.collective_wrong_dtype", "errors",
-              "collectives whose output dtype differs from the input raise; the group still works",
-              check_collective_wrong_dtype, where="all", timeout=t),
-        Check("errors.collective_mismatched_sizes", "errors",
-              "collectives with mismatched output/input sizes or splits raise; the group still works",
-              check_collective_mismatched_sizes, where="all", timeout=t),
-        Check("errors.collective_root_out_of_range", "errors",
-              "broadcast/reduce with root >= world or < 0 raise; the group still works",
-              check_collective_root, where="all", timeout=t),
-        Check("errors.collective_wrong_device", "errors",
-              "a tensor on another device given to the chip's group raises; the group still works",
-              check_collective_wrong_device, where="all", timeout=t),
-        Check("errors.collective_timeout", "errors",
-              "a collective whose peers never join raises after the group's timeout instead of hanging",
-              check_collective_timeout, where="all", timeout=TIMEOUT_S + 60),
-    ]
+    return ([Check(f"errors.{name}", "errors", doc, fn, where="rank0", timeout=60) for name, doc, fn in _OP_CHECKS]
+            + [Check(f"errors.{name}", "errors", doc, fn, where="all", timeout=t) for name, doc, fn in _GROUP_CHECKS]
+            + [Check("errors.collective_timeout", "errors",
+                     "a collective whose peers never join raises after the group's timeout instead of hanging",
+                     check_collective_timeout, where="all", timeout=TIMEOUT_S + 60)])

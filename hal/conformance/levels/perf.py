@@ -183,17 +183,19 @@ def check_profile_agreement(ctx) -> str:
     return "; ".join(f"{n}: measured {m / d:.1%} of declared" for n, m, d, _ in pairs)
 
 
+# (name, what it checks, function, where it runs, timeout in seconds)
+_CHECKS = [
+    ("matmul", "matmul FLOP/s by dtype and square shape (median of repeats)", check_matmul, "rank0", 300),
+    ("memory_bandwidth", "device memory bandwidth of a large copy", check_memory_bandwidth, "rank0", 120),
+    ("collective_busbw", "collective bus bandwidth by message size (nccl-tests formulas)", check_collective_busbw,
+     "all", 600),
+    ("profile_agreement", "declared profile figures agree with the measured ones "
+     f"(measured / declared in [{AGREEMENT[0]:g}, {AGREEMENT[1]:g}])", check_profile_agreement, "local", 30),
+    ("efficiency_matrix", "the figures assemble into an EfficiencyMatrix that validates", check_efficiency_matrix,
+     "local", 30),
+]
+
+
 def discover(target) -> list[Check]:
-    return [
-        Check("perf.matmul", "perf", "matmul FLOP/s by dtype and square shape (median of repeats)",
-              check_matmul, where="rank0", timeout=300),
-        Check("perf.memory_bandwidth", "perf", "device memory bandwidth of a large copy",
-              check_memory_bandwidth, where="rank0", timeout=120),
-        Check("perf.collective_busbw", "perf", "collective bus bandwidth by message size (nccl-tests formulas)",
-              check_collective_busbw, where="all", timeout=600),
-        Check("perf.profile_agreement", "perf", "declared profile figures agree with the measured ones "
-              f"(measured / declared in [{AGREEMENT[0]:g}, {AGREEMENT[1]:g}])", check_profile_agreement, where="local",
-              timeout=30),
-        Check("perf.efficiency_matrix", "perf", "the figures assemble into an EfficiencyMatrix that validates",
-              check_efficiency_matrix, where="local", timeout=30),
-    ]
+    return [Check(f"perf.{name}", "perf", doc, fn, where=where, timeout=timeout)
+            for name, doc, fn, where, timeout in _CHECKS]
