@@ -139,31 +139,30 @@ def grids_from_plan(plan: Any) -> list[StageGrid]:
     return grids
 
 
+def _transfers(src: StageGrid, dst: StageGrid) -> list[Transfer]:
+    """Rows from grid src to grid dst: every receiver (replica k, TP index t) of dst gets, from TP index
+    t mod tp_src of every replica of src whose rows overlap k's, the overlap; by receiver, then sender."""
+    out = []
+    for k, rep_dst in enumerate(dst.ranks):
+        for t, to in enumerate(rep_dst):
+            for j, rep_src in enumerate(src.ranks):
+                ov = _overlap(src.rows[j], dst.rows[k])
+                if ov:
+                    out.append(Transfer(rep_src[t % src.tp], to, *ov))
+    return out
+
+
 def forward_transfers(a: StageGrid, b: StageGrid) -> list[Transfer]:
     """Activation rows from stage a to the next stage b: every receiver (replica k, TP index t) of b
     gets, from TP index t mod tp_a of every replica of a whose rows overlap k's, the overlap."""
-    out = []
-    for k, rep_b in enumerate(b.ranks):
-        for t, dst in enumerate(rep_b):
-            for j, rep_a in enumerate(a.ranks):
-                ov = _overlap(a.rows[j], b.rows[k])
-                if ov:
-                    out.append(Transfer(rep_a[t % a.tp], dst, *ov))
-    return out
+    return _transfers(a, b)
 
 
 def backward_transfers(a: StageGrid, b: StageGrid) -> list[Transfer]:
     """Gradient rows from stage b back to stage a: every receiver (replica j, TP index t) of a gets,
     from TP index t mod tp_b of every replica of b whose rows overlap j's, the overlap (the same rows
     the activations came by; each TP rank of a needs the full gradient of its output)."""
-    out = []
-    for j, rep_a in enumerate(a.ranks):
-        for t, dst in enumerate(rep_a):
-            for k, rep_b in enumerate(b.ranks):
-                ov = _overlap(a.rows[j], b.rows[k])
-                if ov:
-                    out.append(Transfer(rep_b[t % b.tp], dst, *ov))
-    return out
+    return _transfers(b, a)
 
 
 class HeteroMesh:
