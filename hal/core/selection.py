@@ -32,6 +32,7 @@ from hal.contract.kernel import OP_NAMES, OpKernel
 from hal.contract.runtime import DeviceRuntime
 from hal.core.cluster import load_cluster_spec
 from hal.core.plugin_manager import PluginManager, get_plugin_manager
+from hal.core.topology import load_spec_for_world
 from hal.emulation.emulate import (chips_in_map, create_cpu_process_group, dilation_for, dilation_requested,
                                    emulated_capabilities, emulated_chip_for_rank)
 from hal.emulation.runtime import EmulatedRuntime
@@ -72,11 +73,7 @@ def select_chip(pm: PluginManager, chip: Optional[str] = None, env: Optional[Map
         return Selection(name, True, f"HAL_EMULATE={emulate!r}, rank {rank}")
     cluster_path = envs.HAL_CLUSTER.text(env)
     if cluster_path:
-        spec = load_cluster_spec(cluster_path)
-        if world is not None and world != spec.world_size:
-            raise ChipSelectionError(f"cluster spec {cluster_path} has world size {spec.world_size} but "
-                                     f"WORLD_SIZE is {world}")
-        a = spec.assignment(rank)
+        a = load_spec_for_world(cluster_path, world, ChipSelectionError, "WORLD_SIZE").assignment(rank)
         pm.chip(a.chip)
         return Selection(a.chip, a.emulated, f"cluster spec {cluster_path}, rank {rank} in sub-cluster "
                          f"{a.sub_cluster!r}", model=a.model)

@@ -152,6 +152,16 @@ class RailLayout:
                           for r in self.rails]}
 
 
+def load_spec_for_world(path: str, world_size: Optional[int], error: type[Exception] = ValueError,
+                        world_name: str = "world_size") -> ClusterSpec:
+    """The cluster spec at `path` (HAL_CLUSTER's); `error` when `world_size` is given (as `world_name`)
+    and is not the spec's world size."""
+    spec = load_cluster_spec(path)
+    if world_size is not None and world_size != spec.world_size:
+        raise error(f"cluster spec {path} has world size {spec.world_size} but {world_name} is {world_size}")
+    return spec
+
+
 def _lcm(values: Sequence[int]) -> int:
     out = 1
     for v in values:
@@ -324,11 +334,7 @@ class Topology:
             return cls.from_chips(chips, emulated=True, max_parts=max_parts)
         path = envs.HAL_CLUSTER.text(env)
         if path:
-            spec = load_cluster_spec(path)
-            if world_size is not None and world_size != spec.world_size:
-                raise TopologyError(f"cluster spec {path} has world size {spec.world_size} but world_size "
-                                    f"is {world_size}")
-            return cls.from_spec(spec, max_parts=max_parts)
+            return cls.from_spec(load_spec_for_world(path, world_size, TopologyError), max_parts=max_parts)
         raise TopologyError("no topology in the environment: set HAL_EMULATE (e.g. 'cuda:2,ascend:2') or "
                             "HAL_CLUSTER (a cluster spec file)")
 
