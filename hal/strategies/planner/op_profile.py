@@ -120,25 +120,28 @@ class OpProfile:
             else:
                 x = torch.empty(rows, cfg.seq, cfg.hidden, dtype=self.dtype).requires_grad_()
             targets = torch.zeros(rows, cfg.seq, dtype=torch.int64)
-            with count:
+
+            def forward() -> tuple:
                 out = stage(x)
-                loss = lm_loss_sum(out, targets) / 1000.0 if last else None
+                return out, (lm_loss_sum(out, targets) / 1000.0 if last else None)
+
+            def backward(out, loss) -> None:
+                if last:
+                    loss.backward()
+                else:
+                    out.backward(torch.empty_like(out))
+
+            with count:
+                out, loss = forward()
             fwd = count.take()
             with count:
-                if last:
-                    loss.backward()
-                else:
-                    out.backward(torch.empty_like(out))
+                backward(out, loss)
             bwd = count.take()
             # a later micro-batch's backward adds into the gradients the first one created
-            out = stage(x)
-            loss = lm_loss_sum(out, targets) / 1000.0 if last else None
+            out, loss = forward()
             count.take()
             with count:
-                if last:
-                    loss.backward()
-                else:
-                    out.backward(torch.empty_like(out))
+                backward(out, loss)
             bwd_acc = count.take()
         # the optimizer on the meta device (its step counters stay real CPU scalars, which it reads)
         with torch.device("meta"):
