@@ -22,7 +22,7 @@ import atexit
 import threading
 import weakref
 from datetime import timedelta
-from typing import Any, NoReturn, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
@@ -67,6 +67,17 @@ class _DoneWork(dist.Work):
 
 
 _done = _DoneWork
+
+
+def _one_by_one(single: Callable[..., dist.Work]) -> Callable[..., dist.Work]:
+    """The coalesced form of a tensor-in-tensor collective: `single` on each (output, input) pair."""
+    def coalesced(self: Any, outputs: list, inputs: list, opts: Any = None) -> dist.Work:
+        for o, i in zip(outputs, inputs):
+            single(self, o, i, opts)
+        return _done(outputs)
+
+    coalesced.__name__ = f"{single.__name__}_coalesced"
+    return coalesced
 
 
 class _P2PWork(dist.Work):
@@ -239,32 +250,34 @@ class ShmProcessGroup(NamedProcessGroup):
         self._gather_into(output_tensors[0], input_tensors[0], "all_gather")
         return _done(output_tensors)
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
-        op = "all_gather_into_tensor"
-        if output.numel() != input.numel() * self._size or output.dtype != input.dtype:
-            raise ShmMismatchError(f"shm {op}: output {output.dtype} x {output.numel()} must be "
-                                   f"{self._size} x the input ({input.dtype} x {input.numel()})",
+    def _check_whole(self, output: torch.Tensor, input: torch.Tensor, op: str, gather: bool) -> None:
+        """The tensor-in-tensor collectives: all-gather's output (`gather`) or reduce-scatter's input is
+        world-size times the other, of its dtype; both on the CPU."""
+        whole, part, whole_is, part_is = ((output, input, "output", "input") if gather else
+                                          (input, output, "input", "output"))
+        if whole.numel() != part.numel() * self._size or whole.dtype != part.dtype:
+            raise ShmMismatchError(f"shm {op}: {whole_is} {whole.dtype} x {whole.numel()} must be "
+                                   f"{self._size} x the {part_is} ({part.dtype} x {part.numel()})",
                                    rank=self._rank, op=op)
         if not (output.is_cpu and input.is_cpu):
             self._cpu(output if not output.is_cpu else input, op)
-        buf = output if output.is_contiguous() else output.contiguous()
-        src = input if input.is_contiguous() else input.contiguous()
-        nbytes = src.numel() * src.element_size()
-        base = buf.data_ptr()
-        self._issue(self._comm.allgather, [base + r * nbytes for r in range(self._size)], src.data_ptr(), nbytes,
-                    DTYPE_CODES.get(input.dtype, BYTES_CODE))
+
+    def _chunk_ptrs(self, whole: torch.Tensor, part: torch.Tensor) -> list[int]:
+        """Addresses of the world-size chunks of contiguous `whole`, each the bytes of `part`."""
+        nbytes = part.numel() * part.element_size()
+        return [whole.data_ptr() + r * nbytes for r in range(self._size)]
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        self._check_whole(output, input, "all_gather_into_tensor", gather=True)
+        buf, src = self._contig(output), self._contig(input)
+        self._issue(self._comm.allgather, self._chunk_ptrs(buf, src), src.data_ptr(),
+                    src.numel() * src.element_size(), DTYPE_CODES.get(input.dtype, BYTES_CODE))
         if buf is not output:
             output.copy_(buf)
         return _DoneWork([output])
 
     _allgather_base = all_gather_single
-
-    def all_gather_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> dist.Work:
-        for o, i in zip(outputs, inputs):
-            self.all_gather_single(o, i, opts)
-        return _done(outputs)
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    all_gather_single_coalesced = allgather_into_tensor_coalesced = _one_by_one(all_gather_single)
 
     def _reduce_scatter_into(self, out: torch.Tensor, ins: list, opts: Any, op: str) -> None:
         self._cpu(out, op)
@@ -297,31 +310,17 @@ class ShmProcessGroup(NamedProcessGroup):
         opts = opts if opts is not None else _DEFAULT_REDUCE_SCATTER
         if output.dtype not in DTYPE_CODES:
             return self._fallback()._reduce_scatter_base(output, input, opts)
-        if input.numel() != output.numel() * self._size or input.dtype != output.dtype:
-            raise ShmMismatchError(f"shm {op}: input {input.dtype} x {input.numel()} must be "
-                                   f"{self._size} x the output ({output.dtype} x {output.numel()})",
-                                   rank=self._rank, op=op)
-        if not (output.is_cpu and input.is_cpu):
-            self._cpu(output if not output.is_cpu else input, op)
+        self._check_whole(output, input, op, gather=False)
         code = self._redop(opts, output, op)
-        src = input if input.is_contiguous() else input.contiguous()
-        buf = output if output.is_contiguous() else output.contiguous()
-        nbytes = buf.numel() * buf.element_size()
-        base = src.data_ptr()
-        self._issue(self._comm.reduce_scatter, buf.data_ptr(), [base + r * nbytes for r in range(self._size)],
+        src, buf = self._contig(input), self._contig(output)
+        self._issue(self._comm.reduce_scatter, buf.data_ptr(), self._chunk_ptrs(src, buf),
                     buf.numel(), DTYPE_CODES[output.dtype], code)
         if buf is not output:
             output.copy_(buf)
         return _DoneWork([output])
 
     _reduce_scatter_base = reduce_scatter_single
-
-    def reduce_scatter_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> dist.Work:
-        for o, i in zip(outputs, inputs):
-            self.reduce_scatter_single(o, i, opts)
-        return _done(outputs)
-
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced = _one_by_one(reduce_scatter_single)
 
     def _alltoall(self, outs: list, ins: list, op: str) -> None:
         if len(outs) != self._size or len(ins) != self._size:
