@@ -224,20 +224,26 @@ class ShmProcessGroup(NamedProcessGroup):
             t.copy_(buf)
         return _done(tensors)
 
+    def _contig_per_rank(self, tensors: list, like: torch.Tensor, op: str, are: str, like_is: str) -> list:
+        """The tensor-list collectives: one tensor a rank, each of `like`'s dtype and size, on the CPU;
+        returned contiguous. `are`/`like_is` name them in errors ("output", "input")."""
+        if len(tensors) != self._size:
+            raise ShmMismatchError(f"shm {op}: {len(tensors)} {are} tensors for {self._size} ranks",
+                                   rank=self._rank, op=op)
+        bufs = []
+        for r, t in enumerate(tensors):
+            if t.dtype != like.dtype or t.numel() != like.numel():
+                raise ShmMismatchError(f"shm {op}: {are} {r} is {t.dtype} x {t.numel()} but the {like_is} is "
+                                       f"{like.dtype} x {like.numel()}", rank=self._rank, op=op)
+            self._cpu(t, op)
+            bufs.append(self._contig(t))
+        return bufs
+
     def _gather_into(self, outs: list, inp: torch.Tensor, op: str) -> None:
         self._cpu(inp, op)
         src = self._contig(inp)
         nbytes = src.numel() * src.element_size()
-        if len(outs) != self._size:
-            raise ShmMismatchError(f"shm {op}: {len(outs)} output tensors for {self._size} ranks",
-                                   rank=self._rank, op=op)
-        bufs = []
-        for r, o in enumerate(outs):
-            if o.dtype != inp.dtype or o.numel() != inp.numel():
-                raise ShmMismatchError(f"shm {op}: output {r} is {o.dtype} x {o.numel()} but the input is "
-                                       f"{inp.dtype} x {inp.numel()}", rank=self._rank, op=op)
-            self._cpu(o, op)
-            bufs.append(self._contig(o))
+        bufs = self._contig_per_rank(outs, inp, op, "output", "input")
         self._issue(self._comm.allgather, [b.data_ptr() for b in bufs], src.data_ptr(), nbytes,
                              DTYPE_CODES.get(inp.dtype, BYTES_CODE))
         for o, b in zip(outs, bufs):
@@ -282,16 +288,7 @@ class ShmProcessGroup(NamedProcessGroup):
     def _reduce_scatter_into(self, out: torch.Tensor, ins: list, opts: Any, op: str) -> None:
         self._cpu(out, op)
         code = self._redop(opts, out, op)
-        if len(ins) != self._size:
-            raise ShmMismatchError(f"shm {op}: {len(ins)} input tensors for {self._size} ranks",
-                                   rank=self._rank, op=op)
-        srcs = []
-        for r, i in enumerate(ins):
-            if i.dtype != out.dtype or i.numel() != out.numel():
-                raise ShmMismatchError(f"shm {op}: input {r} is {i.dtype} x {i.numel()} but the output is "
-                                       f"{out.dtype} x {out.numel()}", rank=self._rank, op=op)
-            self._cpu(i, op)
-            srcs.append(self._contig(i))
+        srcs = self._contig_per_rank(ins, out, op, "input", "output")
         buf = self._contig(out)
         self._issue(self._comm.reduce_scatter, buf.data_ptr(), [s.data_ptr() for s in srcs], out.numel(),
                                   DTYPE_CODES[out.dtype], code)
