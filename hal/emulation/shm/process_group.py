@@ -392,24 +392,25 @@ class ShmProcessGroup(NamedProcessGroup):
             for op_id in [i for i in self._inflight if self._comm.test(i)]:
                 self._inflight.pop(op_id, None)
 
-    def send(self, tensors: list, dstRank: int, tag: int = 0) -> dist.Work:
-        t = tensors[0]
-        self._cpu(t, "send")
+    def _post(self, t: torch.Tensor, op: str, post: Callable[..., int], peer: int,
+              tag: int) -> tuple[int, torch.Tensor]:
+        """Post a send or recv of `t` with `peer` to the engine thread: its op id and the contiguous
+        buffer, kept alive in `_inflight` until the op is done."""
+        self._cpu(t, op)
         buf = self._contig(t)
         self._reap()
-        op_id = self._comm.post_send(buf.data_ptr(), buf.numel() * buf.element_size(), dstRank, tag)
+        op_id = post(buf.data_ptr(), buf.numel() * buf.element_size(), peer, tag)
         with self._p2p_lock:
             self._inflight[op_id] = [buf]
+        return op_id, buf
+
+    def send(self, tensors: list, dstRank: int, tag: int = 0) -> dist.Work:
+        op_id, _ = self._post(tensors[0], "send", self._comm.post_send, dstRank, tag)
         return _P2PWork(self, op_id, tensors)
 
     def recv(self, tensors: list, srcRank: int, tag: int = 0) -> dist.Work:
         t = tensors[0]
-        self._cpu(t, "recv")
-        buf = self._contig(t)
-        self._reap()
-        op_id = self._comm.post_recv(buf.data_ptr(), buf.numel() * buf.element_size(), srcRank, tag)
-        with self._p2p_lock:
-            self._inflight[op_id] = [buf]
+        op_id, buf = self._post(t, "recv", self._comm.post_recv, srcRank, tag)
         return _P2PWork(self, op_id, tensors, copy_back=(t, buf) if buf is not t else None)
 
     def recv_anysource(self, tensors: list, tag: int = 0) -> dist.Work:
