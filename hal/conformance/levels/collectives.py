@@ -202,10 +202,11 @@ def discover(target: Target) -> list[Check]:
     """The group checks, one check a combination of collective x dtype x reduce op, then the barrier;
     every one on all ranks, bounded by the group's timeout."""
     t = multi_rank_timeout(target.group_timeout_s)
-    rows = [("process_group", "the chip's CCL group reports its rank and size and completes a barrier",
-             check_process_group, ()),
-            ("async_wait", "after an async collective's work.wait() returns, the output holds the result",
-             check_async_wait, ())]
+    rows: list[tuple[str, str, Callable, tuple]] = [
+        ("process_group", "the chip's CCL group reports its rank and size and completes a barrier",
+         check_process_group, ()),
+        ("async_wait", "after an async collective's work.wait() returns, the output holds the result",
+         check_async_wait, ())]
     for suffix, coll, d, op in combinations():
         what = (f"{coll} of {d} with {op}: golden result if declared, refusal if not" if op else
                 f"{coll} of {d}: bit-exact if declared, refusal if not")

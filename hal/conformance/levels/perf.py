@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import Callable
 
-from ..checks import Check, CheckFailed, CheckNotApplicable, CheckSkipped, Passed
+from ..checks import Check, CheckFailed, CheckNotApplicable, CheckSkipped, Passed, Where
 
 
 def _host(ctx) -> bool:
@@ -184,7 +184,7 @@ def check_profile_agreement(ctx) -> str:
 
 
 # (name, what it checks, function, where it runs, timeout in seconds)
-_CHECKS = [
+_CHECKS: list[tuple[str, str, Callable, Where, float]] = [
     ("matmul", "matmul FLOP/s by dtype and square shape (median of repeats)", check_matmul, "rank0", 300),
     ("memory_bandwidth", "device memory bandwidth of a large copy", check_memory_bandwidth, "rank0", 120),
     ("collective_busbw", "collective bus bandwidth by message size (nccl-tests formulas)", check_collective_busbw,
