@@ -14,9 +14,47 @@ import re
 from ..checks import Check, CheckFailed, CheckNotApplicable, CheckSkipped
 from ..target import LocalContext
 
-# Below these, a figure is in the wrong unit, not a slow chip: 1 GFLOP/s, 64 MiB, 100 MB/s.
-PLAUSIBLE_MIN = {"FLOP/s": 1e9, "B": 64 * 2 ** 20, "B/s": 1e8}
-PLAUSIBLE_MAX = {"FLOP/s": 1e17, "B": 2 ** 50, "B/s": 1e14}
+# Physical ranges per profile field (per device, per direction for links), the value a figure must lie
+# in. Each bound is the most extreme part that ships (or the slowest thing still worth a plan) times a
+# margin of 2..10; a figure outside is in another unit (TFLOP/s for FLOP/s, bits for bytes, GiB for
+# bytes), not an unusual chip. A planner prices the network from these figures, so a bits-for-bytes
+# NIC (8x) or a TFLOP/s peak (1e12x) would misprice every plan.
+#   field                 (min, max, why)
+PLAUSIBLE: dict[str, tuple[float, float, str]] = {
+    # Lowest: 1e9 FLOP/s, one scalar core of a 2000s CPU (a TFLOP/s figure written as FLOP/s is ~1e3).
+    # Highest: 1e17 FLOP/s, 7x the densest shipping part (B300 ~15e15 dense FP4; H100 bf16 dense 9.9e14).
+    "peak_flops": (1e9, 1e17, "1 GFLOP/s (one old CPU core) .. 1e17 (7x B300's dense FP4 peak)"),
+    # Lowest: 1 GiB, below which no training shard fits (the smallest catalogued part has 16 GB).
+    # Highest: 64 TiB, 2x the largest shipping host (8-socket servers with 32 TiB; the cpu chip's
+    # profile is the host's RAM); accelerators are at most 288 GB (B300, MI355X).
+    "memory_bytes": (2 ** 30, 2 ** 46, "1 GiB (nothing smaller holds a shard) .. 64 TiB (2x the largest "
+                                       "8-socket host's 32 TiB)"),
+    # Lowest: 1e9 B/s, a tenth of one DDR3 channel. Highest: 5e13 B/s, 6x B300's 8 TB/s HBM3e.
+    "memory_bandwidth": (1e9, 5e13, "1 GB/s (a tenth of one DDR3 channel) .. 50 TB/s (6x B300's 8 TB/s HBM3e)"),
+    # Per direction per device. Lowest: 1e8 B/s, below PCIe gen1 x1 (2.5e8). Highest: 2e12 B/s, 2x
+    # NVLink 5's 900 GB/s per direction (GB200/B300), so NVLink 4's 450e9 in bits (3.6e12) is out.
+    "intra_node_bandwidth": (1e8, 2e12, "100 MB/s (below PCIe gen1 x1) .. 2 TB/s (2x NVLink 5's 900 GB/s per "
+                                        "direction)"),
+    # Per direction per device. Lowest: 1e8 B/s, below 1 GbE (1.25e8). Highest: 2e11 B/s, 2x the fastest
+    # per-GPU network that ships (one 800 Gb/s ConnectX-8 = 1e11 B/s), so a 400 Gb/s NIC in bits
+    # (4e11) is out.
+    "nic_bandwidth": (1e8, 2e11, "100 MB/s (below 1 GbE) .. 200 GB/s (2x one 800 Gb/s NIC per device)"),
+}
+_UNIT_HINT = {"FLOP/s": "TFLOP/s or GFLOP/s written as FLOP/s?", "B": "GB/GiB written as bytes, or bytes as GiB?",
+              "B/s": "bits/s written as B/s (8x), or GB/s as B/s?"}
+
+
+def implausible(prof) -> list[str]:
+    """What is outside `PLAUSIBLE` in a profile: field, value, unit, the range and its reason."""
+    problems = []
+    for name, fig in _figures(prof):
+        if not fig.known:
+            continue
+        lo, hi, why = PLAUSIBLE[name.split("[")[0]]
+        if not lo <= fig.value <= hi:
+            problems.append(f"{name} = {fig.value:g} {fig.unit} is outside the physical range [{lo:g}, {hi:g}] "
+                            f"{fig.unit} ({why}): {_UNIT_HINT[fig.unit]}")
+    return problems
 
 
 def _need(ctx: LocalContext):
@@ -120,18 +158,11 @@ def _figures(prof):
 def check_profile_plausible(ctx: LocalContext) -> str:
     t = _need(ctx)
     prof = t.pm.profile(t.chip, None)
-    problems, n = [], 0
-    for name, fig in _figures(prof):
-        if not fig.known:
-            continue
-        n += 1
-        lo, hi = PLAUSIBLE_MIN[fig.unit], PLAUSIBLE_MAX[fig.unit]
-        if not lo <= fig.value <= hi:
-            problems.append(f"{name} = {fig.value:g} {fig.unit} is outside [{lo:g}, {hi:g}] {fig.unit}: "
-                            f"a figure in another unit (TFLOP/s, GB/s, GiB)?")
+    problems = implausible(prof)
     if problems:
         raise CheckFailed(f"profile {prof.model!r}: " + "; ".join(problems))
-    return f"{n} known figures within plausible ranges (FLOP/s >= 1e9, B >= 64 MiB, B/s >= 1e8)"
+    n = sum(1 for _, f in _figures(prof) if f.known)
+    return f"{n} known figures within their fields' physical ranges (contract.PLAUSIBLE)"
 
 
 def check_native_probe(ctx: LocalContext) -> str:
@@ -228,7 +259,8 @@ _CHECKS = [
     ("hooks", "required hooks implemented, every hook is in the contract with the spec's arguments", check_hooks),
     ("chip_spec", "ChipSpec: torch device type, CCL backend, visible-devices variable name", check_chip_spec),
     ("profile", "the default ChipProfile validates (units, sources)", check_profile),
-    ("profile_plausible", "known profile figures are in plausible ranges for their units", check_profile_plausible),
+    ("profile_plausible", "every known profile figure is in its field's physical range (memory, FLOP/s, bandwidths)",
+     check_profile_plausible),
     ("native_probe", "hal_native_available returns a bool and never raises", check_native_probe),
     ("capabilities", "the capability matrix is for this chip, has a source, names real combinations",
      check_capabilities),

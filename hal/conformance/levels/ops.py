@@ -8,7 +8,8 @@ compares with `hal.ops.tolerances.tolerance(op, dtype)`. Every case also checks 
 inputs are, sharing no storage with an input, and a gather bit-exact. Where the plugin overrides `<op>`,
 `ops.reference.<op>.<dtype>` also runs the HAL reference on the device, so a failure can be pinned
 on the override or on the device's torch kernels. Dtypes are those of the tolerance table that the
-chip's runtime supports.
+chip's runtime supports. `ops.refusals.<op>` runs the op's refusal table (`ops_refusals.py`: out-of-range
+indices, shape/dtype mismatches, bad options, NaN/inf): the kernel raises where the reference raises.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any, Callable, Optional
 
 from ..checks import Check, CheckFailed, CheckNotApplicable, Passed
 from ..target import Target
+from .ops_refusals import check_refusals
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -153,4 +155,8 @@ def discover(target: Target) -> list[Check]:
                 checks.append(Check(f"ops.reference.{op}.{d}", "ops",
                                     f"the HAL reference {op} in {d} on the chip's device vs the float64 golden",
                                     check_op, (op, d, True)))
+        checks.append(Check(f"ops.refusals.{op}", "ops",
+                            f"{op} on inputs the HAL reference refuses (raises) or answers with NaN/inf: the kernel "
+                            f"raises where it raises, matches where it returns (ops_refusals.py)",
+                            check_refusals, (op,)))
     return checks
