@@ -16,8 +16,11 @@ capability matrix decides what is asked:
 - not declared: the call must raise `hal.NotSupportedError` on every rank (the hookspec), or give
   the right result (under-declared); another exception or a silent wrong result fails.
 
-Also `collectives.process_group` (the group's rank/size and a barrier) and
-`collectives.async_wait` (after `work.wait()` returns, the data is there).
+Also `collectives.process_group` (the group's rank/size and a barrier),
+`collectives.async_wait` (after `work.wait()` returns, the data is there) and
+`collectives.semantics.<collective>` for every collective and `barrier` (`collective_semantics`):
+what the call promises beyond its output tensor (no rank leaves before a peer it depends on entered;
+`is_completed()` and `wait()` tell the truth; in-place all_gather_into_tensor / reduce_scatter_tensor).
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ from ..checks import Check, CheckFailed
 from ..target import Target
 from .collective_calls import LAYOUTS
 from .collective_golden import ALL_DTYPES, meaningful_ops
+from .collective_semantics import COLLECTIVES as SEMANTIC_COLLECTIVES
+from .collective_semantics import check_semantics
 from .required import REQUIRED_NATIVE, required_by
 
 SIZES = (0, 1, 7, 65539)  # empty, one, odd, large and odd (no even split across ranks)
@@ -212,6 +217,11 @@ def discover(target: Target) -> list[Check]:
                 f"{coll} of {d}: bit-exact if declared, refusal if not")
         rows.append((suffix, what, check_collective, (coll, d, op, target.world_sizes)))
     rows.append(("barrier", "barrier completes on every rank", check_barrier, ()))
+    for coll in SEMANTIC_COLLECTIVES:
+        rows.append((f"semantics.{coll}", f"{coll}: no bound rank leaves before a delayed peer entered; is_completed() "
+                     f"and wait() tell the truth" + ("; in place as FSDP2 issues it" if coll in
+                                                    ("all_gather_into_tensor", "reduce_scatter_tensor") else ""),
+                     check_semantics, (coll,)))
     return [Check(f"collectives.{name}", "collectives", doc, fn, params, where="all", timeout=t)
             for name, doc, fn, params in rows]
 
