@@ -60,6 +60,9 @@ class _DoneWork(dist.Work):
     def wait(self, timeout: Any = None) -> bool:
         return True
 
+    def is_completed(self) -> bool:  # dist.Work's own says False until finish(), which is never called
+        return True
+
     def get_future(self) -> torch.futures.Future:
         fut = torch.futures.Future()
         fut.set_result(self._result)
@@ -99,6 +102,10 @@ class _P2PWork(dist.Work):
                 dst, tmp = self._copy_back
                 dst.copy_(tmp)
         return True
+
+    def is_completed(self) -> bool:
+        """True once `wait()` finished: a recv's data lands in the caller's tensor only then."""
+        return self._finished
 
     def get_future(self) -> torch.futures.Future:
         self.wait()
