@@ -25,6 +25,16 @@ Where = Literal["local", "rank0", "all"]
 Status = Literal["passed", "failed", "skipped", "not_applicable"]
 STATUSES: tuple[str, ...] = ("passed", "failed", "skipped", "not_applicable")
 
+# The runtime prerequisites, in the order they run (first in the runtime level): the device count is
+# real (every counted device can be selected), every rank of the pool binds its own device, and the
+# chip's process group forms among the ranks. When one fails, what depends on it is not run: it is
+# `skipped` with "not run: prerequisite <id> failed: <its message>" (`prerequisites_of`), so a plugin
+# broken at the root gets its verdict in minutes, the root cause first (`Report.root_cause`).
+PREREQUISITES: tuple[str, ...] = ("runtime.device_count", "runtime.rank_devices", "runtime.process_group")
+# Checks that read device_count() itself (besides the multi-rank ones, whose ranks pick LOCAL_RANK % count).
+COUNT_DEPENDENT: tuple[str, ...] = ("runtime.device_selection", "errors.device_index_out_of_range")
+NOT_RUN_PREREQUISITE = "not run: prerequisite"
+
 
 class CheckFailed(AssertionError):
     """A check's verdict: the message says what was expected and what came."""
@@ -82,6 +92,26 @@ class CheckResult:
     def as_json(self) -> dict:
         return {"id": self.id, "level": self.level, "status": self.status, "message": self.message,
                 "duration_s": round(self.duration_s, 6)}
+
+
+def prerequisites_of(check: Check) -> tuple[str, ...]:
+    """The prerequisite ids `check` depends on, in run order: every multi-rank check (collectives,
+    bridge, multi-rank errors, perf's collective bandwidth) on all three, a prerequisite on those
+    before it, the checks that read device_count() on the count; nothing else (rank 0's own device
+    and the contract level do not depend on the count)."""
+    if check.id in PREREQUISITES:
+        return PREREQUISITES[:PREREQUISITES.index(check.id)]
+    if check.where == "all":
+        return PREREQUISITES
+    if check.id in COUNT_DEPENDENT:
+        return PREREQUISITES[:1]
+    return ()
+
+
+def not_run_because(prerequisite: CheckResult) -> str:
+    """A dependent check's message when `prerequisite` failed."""
+    msg = " ".join(prerequisite.message.split())
+    return f"{NOT_RUN_PREREQUISITE} {prerequisite.id} failed: {msg[:300]}{'...' if len(msg) > 300 else ''}"
 
 
 def parse_levels(text: str) -> list[str]:

@@ -3,9 +3,12 @@
 JSON, exactly:
     {"schema_version", "plugin", "chip", "emulated", "levels",
      "checks": [{"id", "level", "status": "passed|failed|skipped|not_applicable", "message", "duration_s"}],
-     "summary": {"passed", "failed", "skipped", "not_applicable"}, "efficiency_matrix": {...} or null}
+     "summary": {["root_cause": {"id", "message", "not_run"},] "passed", "failed", "skipped", "not_applicable"},
+     "efficiency_matrix": {...} or null}
 (schema 1.1 added `not_applicable`: a property this plugin does not have as declared; it never
-counts against the verdict, while `skipped` means "applies, not verified here".)
+counts against the verdict, while `skipped` means "applies, not verified here". Schema 1.2 added
+`summary.root_cause`, first in the summary and only when a prerequisite failed: the console,
+Markdown and HTML summaries then start with the same "ROOT CAUSE: <id> failed: <message>" line.)
 The human report starts with a per-level summary table, then lists the failures first, then the
 skipped checks with their reasons, then every passed check. An emulated chip is labelled EMULATED
 at the top of every format.
@@ -19,9 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from .checks import LEVELS, STATUSES, CheckResult
+from .checks import LEVELS, NOT_RUN_PREREQUISITE, PREREQUISITES, STATUSES, CheckResult
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
+# What everything else stands on, in order: the first of these that failed is the run's root cause.
+ROOT_CAUSES: tuple[str, ...] = ("contract.registers",) + PREREQUISITES
 
 
 @dataclass
@@ -52,6 +57,26 @@ class Report:
         return out
 
     @property
+    def root_cause(self) -> Optional[dict[str, Any]]:
+        """The first failed prerequisite (`ROOT_CAUSES`: the plugin loads, the device count, each rank's
+        device, the process group) with how many checks were not run for it; None when none failed."""
+        failed = {r.id: r for r in self.results if r.status == "failed" and r.id in ROOT_CAUSES}
+        first = next((failed[i] for i in ROOT_CAUSES if i in failed), None)
+        if first is None:
+            return None
+        not_run = sum(1 for r in self.results if r.status == "skipped"
+                      and (r.message.startswith(NOT_RUN_PREREQUISITE) or "the plugin did not load" in r.message))
+        return {"id": first.id, "message": first.message, "not_run": not_run}
+
+    def root_cause_line(self) -> Optional[str]:
+        """'ROOT CAUSE: <id> failed: <message> (N check(s) that depend on it not run)', or None."""
+        rc = self.root_cause
+        if rc is None:
+            return None
+        return (f"ROOT CAUSE: {rc['id']} failed: {' '.join(rc['message'].split())} ({rc['not_run']} check(s) that "
+                f"depend on it not run)")
+
+    @property
     def ok(self) -> bool:
         """True when no selected check failed (skipped checks are listed with their reasons)."""
         return self.summary["failed"] == 0
@@ -73,7 +98,7 @@ class Report:
         em = self.efficiency_matrix
         return {"schema_version": SCHEMA_VERSION, "plugin": self.plugin, "chip": self.chip, "emulated": self.emulated,
                 "levels": list(self.levels), "checks": [r.as_json() for r in self.results],
-                "summary": self.summary,
+                "summary": ({"root_cause": rc} if (rc := self.root_cause) else {}) | self.summary,
                 "efficiency_matrix": em.model_dump(mode="json") if em is not None else None}
 
     def write_json(self, path: str | Path) -> None:
@@ -96,7 +121,9 @@ class Report:
     def markdown(self) -> str:
         s = self.summary
         verdict = "PASSED" if self.ok else "FAILED"
-        lines = [f"# Conformance: plugin `{self.plugin}` {self.plugin_version or ''}, chip `{self.label}`", "",
+        root = self.root_cause_line()
+        lines = [f"**{root.replace('|', '/')}**", ""] if root else []
+        lines += [f"# Conformance: plugin `{self.plugin}` {self.plugin_version or ''}, chip `{self.label}`", "",
                  f"**{verdict}**: {s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped, "
                  f"{s['not_applicable']} not applicable in {self.seconds:.1f} s; levels: {', '.join(self.levels)}.", ""]
         if self.emulated:
@@ -132,6 +159,9 @@ class Report:
                f"chip {esc(self.label)}</h1>",
                f"<p><b>{'PASSED' if self.ok else 'FAILED'}</b>: {s['passed']} passed, {s['failed']} failed, "
                f"{s['skipped']} skipped, {s['not_applicable']} not applicable in {self.seconds:.1f} s</p>"]
+        root = self.root_cause_line()
+        if root:
+            out.insert(2, f"<p class='failed'><b>{esc(root)}</b></p>")
         if self.emulated:
             out.append("<p><b>EMULATED</b>: run on the host CPU with a CPU stand-in for the chip's CCL.</p>")
         out.append("<table><tr><th>level</th><th>passed</th><th>failed</th><th>skipped</th><th>seconds</th></tr>")
@@ -180,7 +210,9 @@ class Report:
     # ---- console ------------------------------------------------------------------------------
     def console(self, verbose: bool = False) -> str:
         s = self.summary
-        lines = [f"hal conformance: plugin {self.plugin}, chip {self.label}, levels {','.join(self.levels)}"]
+        root = self.root_cause_line()
+        lines = [root] if root else []
+        lines.append(f"hal conformance: plugin {self.plugin}, chip {self.label}, levels {','.join(self.levels)}")
         for lvl, row in self.by_level().items():
             lines.append(f"  {lvl:<12} {row['passed']:>5} passed {row['failed']:>4} failed {row['skipped']:>4} skipped"
                          f" {row['not_applicable']:>3} n/a  {row['seconds']:6.1f} s")

@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Optional
 from hal.testing import WorkerPool
 
 from . import bounds, worker
-from .checks import Check, CheckResult, run_check_fn
+from .checks import PREREQUISITES, Check, CheckResult, not_run_because, prerequisites_of, run_check_fn
 from .target import LocalContext, Target
 
 _SIGNALS = {6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM", 7: "SIGBUS", 8: "SIGFPE"}
@@ -104,6 +104,7 @@ class Runner:
         self._stacks = tempfile.mkdtemp(prefix="hal-conformance-stacks-")
         self._started: set = set()
         self._free_start: set = set()
+        self._prereq_failed: dict[str, CheckResult] = {}  # prerequisite id -> its failed result
         self.bind_timeout_s = bind_timeout_s or bounds.BIND_TIMEOUT_S
 
     def run(self, checks: Iterable[Check]) -> list[CheckResult]:
@@ -116,12 +117,21 @@ class Runner:
         return results
 
     def run_one(self, check: Check) -> CheckResult:
-        """Run `check` and remember its result (local checks may read earlier results)."""
-        res = self._run(check)
+        """Run `check` and remember its result (local checks may read earlier results). A check whose
+        prerequisite failed in this run is not run: skipped, naming the prerequisite (`prerequisites_of`)."""
+        res = self._blocked(check) or self._run(check)
+        if check.id in PREREQUISITES and res.status == "failed":
+            self._prereq_failed[check.id] = res
         self.local.results[res.id] = res
         if res.status == "failed" and "(a hang" in res.message:
             self._hangs.setdefault(check.level, []).append(check.id)
         return res
+
+    def _blocked(self, check: Check) -> Optional[CheckResult]:
+        for pid in prerequisites_of(check):
+            if pid in self._prereq_failed:
+                return CheckResult(check.id, check.level, "skipped", not_run_because(self._prereq_failed[pid]), 0.0)
+        return None
 
     def _left(self, level: str) -> float:
         """Seconds the level has left (its clock starts with its first check)."""

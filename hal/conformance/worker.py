@@ -23,6 +23,8 @@ _STATE: Optional["WorkerContext"] = None
 _STORE: Any = None
 _STORE_KEY: Optional[tuple] = None
 _GROUP_SEQ = 0
+_CONTROL: Any = None
+_CONTROL_STORE: Any = None
 
 
 def _store():
@@ -55,7 +57,6 @@ class WorkerContext:
     world_size: int
     _ccl: dict = field(default_factory=dict, repr=False)
     _hetero: Any = field(default=None, repr=False)
-    _control: Any = field(default=None, repr=False)
 
     @property
     def device(self):
@@ -117,22 +118,36 @@ class WorkerContext:
 
     def control(self) -> Any:
         """A gloo group on the host that the suite trusts, for agreement between ranks."""
-        if self._control is None:
-            import torch.distributed as dist
-            self._control = dist.ProcessGroupGloo(dist.PrefixStore(_next_prefix("control"), _store()),
-                                                  self.rank, self.world_size,
-                                                  timedelta(seconds=self.spec.group_timeout_s + 60))
-        return self._control
+        return _control(self.spec.group_timeout_s)
 
     def agree_max(self, values: list[float]) -> list[float]:
         """Element-wise max of `values` over ranks (on the control group)."""
-        import torch
+        return _agree_max(values, self.spec.group_timeout_s)
+
+
+def _control(group_timeout_s: float) -> Any:
+    """The control group: one per pool, independent of the chip binding (a rank whose binding failed
+    still agrees on outcomes with the others), under a fixed store prefix (so it does not depend on
+    how many CCL groups each rank has created)."""
+    global _CONTROL, _CONTROL_STORE
+    store = _store()
+    if _CONTROL is None or _CONTROL_STORE is not store:
         import torch.distributed as dist
-        t = torch.tensor(values, dtype=torch.float64)
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MAX
-        self.control().allreduce([t], opts).wait()
-        return t.tolist()
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        _CONTROL = dist.ProcessGroupGloo(dist.PrefixStore("hal/conformance/control", store), rank, world,
+                                         timedelta(seconds=group_timeout_s + 60))
+        _CONTROL_STORE = store
+    return _CONTROL
+
+
+def _agree_max(values: list[float], group_timeout_s: float) -> list[float]:
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor(values, dtype=torch.float64)
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MAX
+    _control(group_timeout_s).allreduce([t], opts).wait()
+    return t.tolist()
 
 
 def _bind(spec: WorkerSpec) -> WorkerContext:
@@ -161,10 +176,7 @@ def context(spec: WorkerSpec) -> WorkerContext:
         _STATE = None
         if old is not None:
             old.drop_ccl()
-        ctx = _bind(spec)
-        if old is not None:
-            ctx._control = old._control  # the control group does not depend on the chip
-        _STATE = ctx
+        _STATE = _bind(spec)
     return _STATE
 
 
@@ -204,6 +216,8 @@ def _run_check(spec: WorkerSpec, where: str, fn: Callable, params: tuple) -> dic
     try:
         ctx = context(spec)
     except Exception as exc:
+        if where == "all" and int(os.environ.get("WORLD_SIZE", 1)) > 1:
+            _agree_max([1.0], spec.group_timeout_s)  # the bound ranks wait for this rank's outcome
         return {"status": "failed", "message": f"could not bind chip {spec.chip_for(int(os.environ.get('RANK', 0)))!r}"
                 f" (plugins {list(spec.plugins)}, emulated={spec.emulated}): {type(exc).__name__}: {exc}",
                 "data": None, "seconds": time.perf_counter() - t0}

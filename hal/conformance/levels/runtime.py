@@ -7,7 +7,10 @@ event is recorded), and a host runtime (work already done when a call returns) p
 """
 from __future__ import annotations
 
-from ..checks import Check, CheckFailed, CheckSkipped
+from typing import Callable
+
+from ..bounds import multi_rank_timeout
+from ..checks import Check, CheckFailed, CheckSkipped, Where
 
 
 def _busy(acc, n: int = 256, reps: int = 8):
@@ -21,11 +24,54 @@ def _busy(acc, n: int = 256, reps: int = 8):
 
 
 def check_device_count(ctx) -> str:
+    """A prerequisite: the count is an int >= 1 and real: every counted device can be selected and
+    used (every rank picks LOCAL_RANK % device_count(), so a phantom device is one some rank binds)."""
+    import torch
     acc = ctx.acc
     count = acc.device_count()
     if not isinstance(count, int) or count < 1:
         raise CheckFailed(f"device_count() returned {count!r}, expected an int >= 1")
-    return f"device_count() = {count}"
+    start = acc.current_device_index()
+    try:
+        for i in range(count):
+            try:
+                acc.set_device_index(i)
+                torch.ones(1, device=acc.runtime.device()).sum().item()  # a tensor on the current device
+            except Exception as exc:
+                raise CheckFailed(f"device_count() = {count}, but device {i} cannot be used: "
+                                  f"set_device_index({i}) then a tensor on it raised {type(exc).__name__}: {exc}: "
+                                  f"the count includes a device that does not exist (over-reported?); ranks bind "
+                                  f"LOCAL_RANK % device_count(), so a rank would bind it") from None
+    finally:
+        try:
+            acc.set_device_index(start)
+        except Exception:  # reported above
+            pass
+    return f"device_count() = {count}; each can be selected and holds a tensor"
+
+
+def check_rank_devices(ctx) -> str:
+    """A prerequisite: every rank of the pool bound the chip on its own device (LOCAL_RANK % count)."""
+    import os
+
+    import torch
+    acc = ctx.acc
+    count, local = acc.device_count(), int(os.environ.get("LOCAL_RANK", ctx.rank))
+    want, got = local % max(count, 1), acc.current_device_index()
+    if got != want:
+        raise CheckFailed(f"LOCAL_RANK {local} with device_count() = {count} should be on device {want}, "
+                          f"current_device_index() is {got}")
+    t = torch.ones(2, device=acc.device)
+    if t.device.type != acc.runtime.device_type or float(t.sum().item()) != 2.0:
+        raise CheckFailed(f"a tensor made on {acc.device} lives on {t.device} or holds the wrong values")
+    return f"every rank bound its device (LOCAL_RANK % device_count() = {count})"
+
+
+def check_process_group(ctx) -> str:
+    """A prerequisite: the chip's process group forms over every rank of the pool and completes a barrier."""
+    pg = ctx.ccl()
+    pg.barrier().wait()
+    return f"the chip's process group formed over {ctx.world_size} ranks ({type(pg).__name__}); barrier completed"
 
 
 def check_device_selection(ctx) -> str:
@@ -272,8 +318,17 @@ def check_dtypes(ctx) -> str:
     return f"tensors of every listed dtype: {', '.join(names)}"
 
 
+# hal.conformance.checks.PREREQUISITES: they run first; what depends on one that failed is not run
+_PREREQUISITES: list[tuple[str, str, Callable, Where]] = [
+    ("device_count", "device_count() is an int >= 1 and every counted device can be selected and used",
+     check_device_count, "rank0"),
+    ("rank_devices", "every rank of the pool binds the chip on its own device (LOCAL_RANK % device_count())",
+     check_rank_devices, "all"),
+    ("process_group", "the chip's process group forms over every rank of the pool and completes a barrier",
+     check_process_group, "all"),
+]
+
 _CHECKS = [
-    ("device_count", "device_count() is an int >= 1", check_device_count),
     ("device_selection", "set/current device index round-trip; device(i) is a torch.device of the chip's type",
      check_device_selection),
     ("synchronize", "synchronize() waits for queued work", check_synchronize),
@@ -292,4 +347,7 @@ _CHECKS = [
 
 
 def discover(target) -> list[Check]:
-    return [Check(f"runtime.{name}", "runtime", doc, fn, where="rank0", timeout=120.0) for name, doc, fn in _CHECKS]
+    multi = multi_rank_timeout(target.group_timeout_s)
+    return ([Check(f"runtime.{name}", "runtime", doc, fn, where=where, timeout=120.0 if where == "rank0" else multi)
+             for name, doc, fn, where in _PREREQUISITES]
+            + [Check(f"runtime.{name}", "runtime", doc, fn, where="rank0", timeout=120.0) for name, doc, fn in _CHECKS])
