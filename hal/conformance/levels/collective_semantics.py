@@ -14,10 +14,11 @@ check per collective (and `barrier`), each one call of float32 at the pool's wor
   NCCL's may); reduce and gather bind the root to every rank (non-roots may leave early); send/recv
   binds the receiver to the sender. The delayed rank is one a bound rank waits for (the root of
   broadcast/scatter, the last rank otherwise).
-- **completion**: after `wait()` and `synchronize()`, `work.is_completed()` is True and the output
-  holds the result; if `is_completed()` says True before `wait()` (queried right after the call), the
-  output read then already holds the result (torch: the output "can be utilized ... without further
-  synchronization").
+- **completion**: after `wait()` and `synchronize()`, `work.is_completed()` is True (for
+  reduce_scatter(_tensor) a False is noted, not failed: torch 2.13's own gloo never marks those works
+  completed, and a False makes no caller read early) and the output holds the result; if
+  `is_completed()` says True before `wait()` (queried right after the call), the output read then
+  already holds the result (torch: the output "can be utilized ... without further synchronization").
 - **in place**: all_gather_into_tensor with the input being this rank's chunk of the output, and
   reduce_scatter_tensor with the output being this rank's chunk of the input (what FSDP2 issues;
   NCCL documents both as in-place operation) give the same result as out of place.
@@ -50,6 +51,10 @@ _TO_ROOT = ("reduce", "gather")  # the root waits for everyone; non-roots may le
 _FROM_ROOT = ("broadcast", "scatter")  # non-roots wait for the root; the root may leave early
 
 Verify = Callable[[], Optional[str]]
+_STALE = "work.is_completed() is False after wait() and synchronize() returned"
+# torch 2.13's own ProcessGroupGloo never marks these works completed (is_completed() stays False
+# after wait()): conservative, it makes no caller read early, so it is noted, not failed
+_STALE_OK = ("reduce_scatter", "reduce_scatter_tensor")
 
 
 def plan(collective: str, world: int) -> tuple[int, int, list[int]]:
@@ -203,7 +208,7 @@ def _complete(ctx, work: Any, verify: Verify) -> tuple[float, list[str]]:
     ctx.acc.synchronize()
     leave = time.time()
     if not work.is_completed():
-        problems.append("work.is_completed() is False after wait() and synchronize() returned")
+        problems.append(_STALE)
     late = verify()
     if late:
         problems.append(f"after wait() and synchronize() returned, the output is not the result: {late}")
@@ -230,12 +235,16 @@ def check_semantics(ctx, collective: str) -> str:
             f"entered at +{enters[delayed]:.3f} s (it was delayed {DELAY_S} s; margin {MARGIN_S} s); rank {r} "
             f"cannot complete before rank {delayed} entered: the call returned without waiting for its peers"
             + (f" (also ranks {early[1:]})" if len(early) > 1 else ""))
+    stale = _STALE in problems and collective in _STALE_OK
+    problems = [p for p in problems if not (stale and p == _STALE)]
     if problems:
         raise CheckFailed(f"{collective} (world {world}) on rank {rank}: " + "; ".join(problems))
     inplace = _in_place(ctx, collective)
     return (f"{collective} (world {world}): ranks {bound} left after rank {delayed} entered (delayed {DELAY_S} s, "
             f"latest bound leave +{max(leaves[r] for r in bound):.3f} s vs enter +{enters[delayed]:.3f} s, "
-            f"margin {MARGIN_S} s); is_completed() true after wait(), data there" + inplace)
+            f"margin {MARGIN_S} s); " + ("is_completed() stayed False after wait() (as torch's gloo reduce_scatter's "
+                                         "does: conservative, noted)" if stale else "is_completed() True after wait()")
+            + ", data there" + inplace)
 
 
 def _in_place(ctx, collective: str) -> str:
