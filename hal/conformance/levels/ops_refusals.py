@@ -222,7 +222,8 @@ def _mismatch(outs: list, refs: list, op: str) -> Optional[str]:
 
 def verdict(fn: Callable, op: str, case: Refusal, dev) -> Optional[str]:
     """None when the kernel does what the reference does on `case`, else what differs."""
-    refs, ref_exc = _run(__import__("hal.ops.reference", fromlist=["KERNELS"]).KERNELS[op], case, op, "cpu")
+    from hal.ops.reference import KERNELS
+    refs, ref_exc = _run(KERNELS[op], case, op, "cpu")
     outs, exc = _run(fn, case, op, dev)
     if ref_exc is not None:
         if exc is None and not case.either:
@@ -233,6 +234,7 @@ def verdict(fn: Callable, op: str, case: Refusal, dev) -> Optional[str]:
         if case.either:
             return None
         return f"the reference returns a value; the kernel raised {type(exc).__name__}: {str(exc)[:160]}"
+    assert outs is not None and refs is not None  # neither raised
     return _mismatch(outs, refs, op)
 
 
