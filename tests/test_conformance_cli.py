@@ -136,7 +136,7 @@ def test_list_shows_ids_with_what_they_verify(capsys):
     assert hal_main(["conformance", "--plugin", "cuda", "--emulate", "--list", "--level", "runtime,errors"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("runtime.event_wait") and "wait" in line for line in lines)
-    assert len(lines) == 11 + 9
+    assert len(lines) == 13 + 9  # runtime: 3 prerequisites + 10 more; errors: 9
 
 
 def test_pytest_plugin_runs_checks_as_items(tmp_path):
