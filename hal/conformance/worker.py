@@ -5,7 +5,9 @@ plugins under test, so the pool can serve several plugins one after another), ke
 for the pool's life, a gloo *control* group the suite trusts (to agree on outcomes), and the chip's
 CCL group (`Accelerator.new_process_group`), which is what multi-process checks test. After a
 check that failed on any rank the CCL group is rebuilt, so one broken collective cannot poison the
-next check; the decision is agreed over the control group so every rank rebuilds in step.
+next check; the decision is agreed over the control group so every rank rebuilds in step. The
+control group does not depend on the binding: a rank whose binding failed still agrees (as failed),
+so a multi-rank check fails at once naming it instead of waiting for it.
 """
 from __future__ import annotations
 
