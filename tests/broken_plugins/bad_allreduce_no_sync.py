@@ -14,8 +14,10 @@ BUG = "all_reduce's wait() returns after a 50 ms deadline even if a peer has not
 CAUGHT_BY = "collectives.semantics.all_reduce"
 MESSAGE = ["all_reduce", "rank 0 left", "before rank 1 entered", "margin"]
 LEVELS = ["collectives"]
-SELECT = ["collectives.semantics.all_reduce", "collectives.all_reduce.float32.sum", "collectives.semantics.barrier"]
-STILL_PASSES = ["collectives.all_reduce.float32.sum", "collectives.semantics.barrier"]
+SELECT = ["collectives.semantics.all_reduce", "collectives.semantics.barrier", "collectives.semantics.broadcast"]
+# (the golden collectives.all_reduce.float32.sum passes too when the host is idle, but on a loaded one a
+# rank can fall 50 ms behind its peer, so it is not asserted here)
+STILL_PASSES = ["collectives.semantics.barrier", "collectives.semantics.broadcast"]
 DEADLINE_S = 0.05
 
 

@@ -4,7 +4,8 @@ A collective that returns at once without doing what it promises the other ranks
 tensor result looking right (the golden checks read the output after every rank has entered). One
 check per collective (and `barrier`), each one call of float32 at the pool's world size, checks:
 
-- **ordering**: one rank (`delayed`) sleeps `DELAY_S` before it enters; a rank whose completion
+- **ordering**: one rank (`delayed`) waits until every other rank said (on the suite's control
+  group) that it is entering, then sleeps `DELAY_S` before it enters; a rank whose completion
   depends on it may not leave (`work.wait()` and the device's `synchronize()` returned) before the
   delayed rank entered. Every rank records wall-clock (`time.time()`) enter and leave times; they are
   exchanged over the suite's control group. Which ranks are bound follows torch's documented
@@ -43,6 +44,7 @@ from ..checks import CheckFailed, CheckNotApplicable, CheckSkipped
 DELAY_S = 0.2  # the delayed rank sleeps this long before it enters
 MARGIN_S = 0.05  # a bound rank fails if it left more than this before the delayed rank entered
 N = 1024  # float32 elements per rank
+_ENTERING_TAG = 0x5EA  # control-group tag: "this rank is entering the call"
 COLLECTIVES = ("barrier", "all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
                "all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single", "gather", "scatter",
                "send_recv")
@@ -184,16 +186,27 @@ def _supported(ctx, collective: str) -> None:
 
 
 def _timed_call(ctx, collective: str, root: int, delayed: int) -> tuple[float, float, list[str]]:
-    """Issue the call (after `DELAY_S` on the delayed rank): (enter, leave, problems on this rank)."""
-    pg, rank, world = ctx.ccl(), ctx.rank, ctx.world_size
+    """Issue the call: (enter, leave, problems on this rank). The delayed rank waits until every other
+    rank said (on the control group) that it is entering, then `DELAY_S` more: so every other rank
+    entered at least `DELAY_S` before it, however the host schedules the ranks."""
+    pg, rank, world, control = ctx.ccl(), ctx.rank, ctx.world_size, ctx.control()
     ctx.agree_max([0.0])  # line the ranks up on the control group
+    said = None
     if rank == delayed:
+        for r in range(world):
+            if r != delayed:
+                control.recv([torch.zeros(1)], r, _ENTERING_TAG).wait()
         time.sleep(DELAY_S)
     enter = time.time()
+    if rank != delayed:
+        said = control.send([torch.ones(1)], delayed, _ENTERING_TAG)
     try:
         return enter, *_complete(ctx, *_issue(collective, pg, rank, world, root, ctx.device))
     except Exception as exc:  # the peers still meet this rank at the exchange of times
         return enter, float("inf"), [f"raised {type(exc).__name__}: {str(exc).strip()[:300]}"]
+    finally:
+        if said is not None:
+            said.wait()
 
 
 def _complete(ctx, work: Any, verify: Verify) -> tuple[float, list[str]]:
