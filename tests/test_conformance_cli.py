@@ -165,7 +165,7 @@ def test_pytest_plugin_reports_a_failing_check(tmp_path, capsys):
     assert rc == 1, out
     failed = [c.get("name") for c in ET.parse(junit).getroot().iter("testcase") if c.find("failure") is not None]
     assert failed == ["contract.profile_plausible"]
-    assert "989 FLOP/s" in out and "outside [1e+09, 1e+17]" in out
+    assert "989 FLOP/s" in out and "outside the physical range [1e+09, 1e+17]" in out
 
 
 def test_pytest_plugin_is_inert_without_hal_plugin():
