@@ -11,6 +11,7 @@ ranks fail (2 emulated ranks, ~10 s) and, where this machine can build one (root
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -399,11 +400,11 @@ def test_conformance_fail_on_skip_exits_1_and_says_why_checks_were_skipped(capsy
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "multi-rank checks skipped: they need --nproc >= 2" in out
-    assert "skipped: 451 check(s), by reason:" in out
-    assert " 451 x needs >= 2 ranks, --nproc is 1 (e.g. collectives." in out
+    n = int(re.search(r"skipped: (\d+) check\(s\), by reason:", out).group(1))  # every collectives check
+    assert n > 400 and f" {n} x needs >= 2 ranks, --nproc is 1 (e.g. collectives." in out
     assert "no report file written" in out
     assert main(argv + ["--fail-on-skip"]) == 1
-    assert "--fail-on-skip and 451 check(s) skipped" in capsys.readouterr().out
+    assert f"--fail-on-skip and {n} check(s) skipped" in capsys.readouterr().out
 
 
 def test_conformance_summary_says_where_the_report_went(tmp_path, capsys, monkeypatch):
