@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -20,6 +20,9 @@ from hal.strategies.errors import FieldError, FieldErrorModel, read_toml
 
 BYTE_VOCAB = 256  # every data source is bytes (hal.trainer.data.VOCAB is this)
 MAX_LINK_DELAY_S = 1.0  # debug.link_delay's bound per op, far below a collective's timeout
+# global_batch's upper bound: 2^20 sequences per step, over 100x the largest published pre-training
+# batches (Llama 3 405B: 16M tokens = 2,048 x 8,192); a larger number is a typo, refused before launch
+MAX_GLOBAL_BATCH = 1 << 20
 
 
 class TrainConfigError(FieldError):
@@ -28,8 +31,29 @@ class TrainConfigError(FieldError):
     kind = "train config field"
 
 
+def _admits_bool(annotation: Any) -> bool:
+    return annotation is bool or annotation is Any or any(_admits_bool(a) for a in get_args(annotation)
+                                                          if get_origin(annotation) is Union)
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    """Every section: frozen, unknown fields refused, numbers finite (`lr = inf` and NaN refused), and a
+    boolean never taken for a number (`seed = true` is not 1)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data: Any) -> Any:
+        for name, f in cls.model_fields.items() if isinstance(data, dict) else ():
+            v = data.get(name)
+            values = v.items() if isinstance(v, dict) and get_origin(f.annotation) is dict else [(None, v)]
+            ann = get_args(f.annotation)[1] if get_origin(f.annotation) is dict else f.annotation
+            for key, x in values:
+                if isinstance(x, bool) and not _admits_bool(ann):
+                    raise TrainConfigError(name if key is None else f"{name}[{key}]", x,
+                                           "a boolean where a number is expected")
+        return data
 
 
 class ModelSection(_Section):
@@ -121,7 +145,7 @@ class FaultEntry(_Section):
     """One injected fault (test only): `action` on `rank` during step `step` (1-based) of the job whose
     torchrun restart count is `restart`."""
 
-    action: Literal["kill", "freeze"]
+    action: Literal["kill", "freeze", "nan_grad"]
     rank: int = Field(ge=0)
     step: int = Field(ge=1, description="1-based, as printed")
     restart: int = Field(default=0, ge=0, description="the job (torchrun restart count) it fires in")
@@ -134,7 +158,8 @@ class DebugSection(_Section):
     """TEST ONLY: faults, a slower chip and a slower link injected into a run (hal.trainer.debug), so
     the tests can exercise fault handling and the slow-node checks end to end. Empty in every real run."""
 
-    faults: list[FaultEntry] = Field(default_factory=list, description="ranks killed or frozen mid-step")
+    faults: list[FaultEntry] = Field(default_factory=list, description="ranks killed or frozen mid-step, or "
+                                     "a NaN put into a gradient (nan_grad)")
     throttle: dict[int, float] = Field(default_factory=dict, description="rank -> factor >= 1: its timed-"
                                        "emulation chip charges every op that many times its profile's time")
     link_delay: dict[int, float] = Field(default_factory=dict, description="rank -> seconds in (0, 1]: it "
@@ -156,13 +181,22 @@ class DebugSection(_Section):
         return bool(self.faults or self.throttle or self.link_delay)
 
 
+class TrainSection(_Section):
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        default="stop", description="a non-finite loss, gradient or grad norm: stop the run (naming step, rank, "
+        "parameter), or skip the optimizer step on every rank and count it (hal.trainer.nonfinite)")
+    max_skipped: int = Field(default=10, ge=0, description="on_nonfinite = skip: stop once more steps than this "
+                             "were skipped")
+
+
 class TrainConfig(_Section, FieldErrorModel):
     field_error = TrainConfigError
     seed: int = 0
     steps: int = Field(ge=1, description="steps of the schedule (cosine decays to its end)")
     stop_after: Optional[int] = Field(
         default=None, ge=1, description="stop at this step (checkpoint written) without changing the schedule")
-    global_batch: int = Field(ge=1, description="sequences per step over the whole cluster")
+    global_batch: int = Field(ge=1, le=MAX_GLOBAL_BATCH, description="sequences per step over the whole cluster "
+                              "(at most 2^20)")
     backend: Literal["hetero", "gloo"] = "hetero"
     timeout_s: float = Field(default=120.0, gt=0, description="bound of every collective")
     model: ModelSection
@@ -175,6 +209,7 @@ class TrainConfig(_Section, FieldErrorModel):
     slow_node: SlowNodeSection = SlowNodeSection()
     efficiency: EfficiencySection = EfficiencySection()
     debug: DebugSection = DebugSection()
+    train: TrainSection = TrainSection()
     base_dir: str = Field(default=".", description="set by from_toml: the config file's directory")
 
     @model_validator(mode="after")
