@@ -262,6 +262,9 @@ HAL_TESTBED_STATE_DIR: EnvVar[str] = _declare(EnvVar(
     "it brought up", _str))
 
 # ---- training -------------------------------------------------------------------------------------
+HAL_LAUNCHER_PID: EnvVar[int] = _declare(EnvVar(
+    "HAL_LAUNCHER_PID", "int", 0, "set by `hal train` for its ranks: the launcher's pid; a rank ends itself "
+    "when that process is gone (hal.launch.watchdog); 0: no watch", _int))
 HAL_TRAIN_PLAIN = _flag(
     "HAL_TRAIN_PLAIN", "`hal train` prints plain lines even on a terminal (no live table)")
 

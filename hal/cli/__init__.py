@@ -109,6 +109,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except HalError as exc:
         print(f"hal {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the launched job was stopped first (hal.launch.watchdog)
+        print(f"hal {args.command}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # `hal ... | head`: the reader left. Point stdout at /dev/null so the interpreter's final flush
         # does not raise again (the recipe of Python's signal docs), and exit as a SIGPIPE'd tool does.

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -245,8 +244,8 @@ def report_rank_failure(exc: BaseException) -> None:
             chip = load_cluster_spec(envs.HAL_CLUSTER.text()).assignment(int(rank)).chip
     except Exception:  # noqa: BLE001 - the report must not hide the real error
         pass
-    msg = " ".join(str(exc).split())[:500]
-    print(f"{RANK_ERROR_MARK} t={time.time():.6f} rank={rank} chip={chip} {type(exc).__name__}: {msg}",
+    from hal.launch.rootcause import one_line  # the root cause first (DCP's wrapped errors, `raise from`)
+    print(f"{RANK_ERROR_MARK} t={time.time():.6f} rank={rank} chip={chip} {one_line(exc)}",
           file=sys.stderr, flush=True)
 
 
@@ -267,8 +266,9 @@ def run_ranks(prog: str, cmd: list[str], env: dict, log: Optional[str] = None) -
         f = os.fdopen(fd, "w")
     else:
         f = open(log, "w")
-    with f:
-        code = subprocess.call(cmd, env=env, stderr=f)
+    with f:  # torchrun dies with this process; Ctrl-C / SIGTERM stop it and its ranks (hal.launch.watchdog)
+        from hal.launch.watchdog import call_supervised
+        code = call_supervised(cmd, env, stderr=f)
     text = Path(log).read_text(errors="replace")
     if code == 0:
         if text.strip():
