@@ -9,7 +9,7 @@ from hal.core.catalog import CatalogError, UnknownModelError, load_catalog_text
 from hal.contract.chips import ChipProfile
 from hal.contract.errors import UnknownChipError
 
-EXPECTED = {"cuda": {"A100", "H100", "H800", "H20"}, "ascend": {"910B1", "910B2", "910B3", "910B4"},
+EXPECTED = {"cuda": {"A100", "H100", "H800", "H20"}, "ascend": {"910A", "910B1", "910B2", "910B3", "910B4"},
             "kunlun": {"R200", "P800"}}
 
 

@@ -7,6 +7,8 @@ strategy, the trainer and `hal demo` use), and the shared losses and synthetic d
 """
 from __future__ import annotations
 
+import torch
+
 from .config import ModelConfig
 from .data import IGNORE_INDEX, count_tokens, lm_loss, lm_loss_sum, make_batches, rank_slice
 from .gpt import GPT, HalLinear, build_gpt
@@ -15,8 +17,15 @@ __all__ = ["ModelConfig", "GPT", "HalLinear", "build_model", "build_gpt", "lm_lo
            "count_tokens", "make_batches", "rank_slice", "IGNORE_INDEX"]
 
 
-def build_model(cfg: ModelConfig, seed: int = 0) -> GPT:
-    """The GPT for `cfg`, weights drawn deterministically from `seed`."""
+def build_model(cfg: ModelConfig, seed: int = 0, device: str = "cpu") -> GPT:
+    """The GPT for `cfg`. device "meta": parameters on the meta device (no storage; apply_plan's
+    `materialize` hook fills each rank's share); else materialised there, every parameter by
+    hal.strategies.models.init.init_value(seed, its name, its shape), the values a rank of any plan holds."""
     if not isinstance(cfg, ModelConfig):
         raise TypeError(f"build_model: expected a ModelConfig, got {type(cfg).__name__}")
-    return build_gpt(cfg, seed)
+    from .init import materialize, meta_parameters
+    with meta_parameters():
+        model = GPT(cfg)
+    if str(device) != "meta":
+        materialize(model, seed, torch.device(device))
+    return model
