@@ -57,9 +57,17 @@ class _Section(BaseModel):
 
 
 class ModelSection(_Section):
-    path: str = Field(min_length=1, description="model config TOML (examples/models/*.toml)")
+    path: Optional[str] = Field(default=None, min_length=1, description="model config TOML (examples/models/*.toml)")
+    hf: Optional[str] = Field(default=None, min_length=1, description="or a Hugging Face checkpoint directory: "
+                              "its config.json and weights (hal.strategies.models.hf_io)")
     overrides: dict[str, Any] = Field(default_factory=dict,
                                       description="fields replacing the file's (e.g. vocab = 256 for bytes)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSection":
+        if (self.path is None) == (self.hf is None):
+            raise TrainConfigError("path", self.path, f"give exactly one of model.path and model.hf (hf = {self.hf!r})")
+        return self
 
 
 class DataSection(_Section):
@@ -254,10 +262,18 @@ class TrainConfig(_Section, FieldErrorModel):
         """The strategies ModelConfig: the file's fields with `model.overrides` on top."""
         from hal.strategies.errors import ModelConfigError
         from hal.strategies.models import ModelConfig
-        path = self.resolve(self.model.path)
-        if not path.is_file():
-            raise TrainConfigError("model.path", self.model.path, f"no such file ({path})")
-        base = ModelConfig.from_toml(path)
+        if self.model.hf is not None:  # a HF checkpoint's config.json (an unsupported field refused by name)
+            from hal.contract.errors import HalError
+            from hal.strategies.models.hf_io import model_config_from_hf
+            try:
+                base = model_config_from_hf(self.resolve(self.model.hf))
+            except HalError as exc:
+                raise TrainConfigError("model.hf", self.model.hf, str(exc)) from None
+        else:
+            path = self.resolve(self.model.path)
+            if not path.is_file():
+                raise TrainConfigError("model.path", self.model.path, f"no such file ({path})")
+            base = ModelConfig.from_toml(path)
         try:
             cfg = ModelConfig(**{**base.model_dump(), **self.model.overrides})
         except ModelConfigError as exc:

@@ -165,6 +165,11 @@ class Trainer:
         self.model = build_model(self.model_cfg, self.cfg.seed)
         self.run = apply_plan(self.model, self.plan, self.topology, model_cfg=self.model_cfg,
                               timeout=timedelta(seconds=self.cfg.timeout_s))
+        self.hf_loaded = None
+        if self.cfg.model.hf is not None:  # [model] hf: its weights replace the init, this rank's tensors only
+            from hal.strategies.models.hf_io import load_hf_weights
+            self.hf_loaded = load_hf_weights(self.run.modules, self.model_cfg, self.cfg.resolve(self.cfg.model.hf),
+                                             self.rank)
         self.params = self.run.parameters()
         self.optimizer = build_optimizer(self.cfg, self.params)
 
@@ -178,6 +183,8 @@ class Trainer:
         cfg = self.cfg
         if self.rank == 0:
             cfg.run_dir.mkdir(parents=True, exist_ok=True)
+            from hal.strategies.models.hf_io import write_run_record  # model.json: what `hal export` maps
+            write_run_record(cfg.run_dir, self.model_cfg, cfg.checkpoint_dir, cfg.resolve(cfg.model.hf))
         dist.barrier(group=self.book)
         self.elastic = Elastic(cfg.run_dir, self.rank, self.world)
         self.faults = FaultInjector(cfg.debug, self.rank, self.elastic.attempt, cfg.backend, self.elastic.record)
