@@ -60,6 +60,32 @@ def test_from_cluster_scales_nic_bandwidth():
     assert laptop.ranks == (4,)   # colocated sub-clusters share one host
 
 
+def test_sub_clusters_spanning_hosts():
+    """A host list per sub-cluster: cuda on hosts 0 and 1, ascend on host 2; each rank its own NIC."""
+    spec = BedSpec.of_sub_clusters([("cuda", [1, 1]), ("ascend", [2])], rate="200 Mb/s")
+    assert spec.ranks == (1, 1, 2) and spec.chips == ("cuda", "cuda", "ascend", "ascend")
+    assert spec.sub_cluster_hosts() == {"cuda": [0, 1], "ascend": [2]}
+    assert [spec.host_of(r) for r in range(4)] == [0, 1, 2, 2]
+    assert all(s.rate_bps == pytest.approx(200e6) for links in spec.links for s in links)
+    assert BedSpec.of_sub_clusters({"cuda": [2, 1], "ascend": 1}).ranks == (2, 1, 1)
+    # the rails are [0, 2] and [1, 3]: host 2 reaches rank 1 (host 1's only NIC) from rank 3's NIC,
+    # not from NIC 0 as index matching would; index-matched layouts keep the index routes
+    assert [spec.route_nic(2, r) for r in (0, 1)] == [0, 1] and spec.route_nic(1, 3) == 0
+    even = BedSpec.of([2, 2], chips=["cuda"] * 2 + ["ascend"] * 2)
+    assert [[even.route_nic(h, r) for r in range(4) if even.host_of(r) != h] for h in (0, 1)] == [[0, 1], [0, 1]]
+    topo = spec.topology()
+    assert [s.nodes for s in topo.sub_clusters] == [[[0], [1]], [[2, 3]]]
+    assert topo.link(0, 1).bytes_per_s == pytest.approx(25e6)   # one sub-cluster, two hosts: the NIC
+    assert topo.link(2, 3).bytes_per_s == float("inf")          # one host: shared memory, unshaped
+    for bad, match in ((["cuda", [2]], "entry"), ([("cuda", [])], "hosts=\\[\\]"), ([], "no sub-clusters")):
+        with pytest.raises(TestbedSpecError, match=match):
+            BedSpec.of_sub_clusters(bad)
+    with pytest.raises(TestbedSpecError, match="rank=4"):
+        spec.host_of(4)
+    with pytest.raises(TestbedSpecError, match="no chips"):
+        BedSpec.of([2]).topology()
+
+
 def test_rank_nic_picks_the_local_ranks_nic():
     assert nic_for_local_rank("rail0,rail1", 1) == "rail1"
     with pytest.raises(SystemExit, match="LOCAL_RANK=2 but HAL_RANK_NICS='rail0,rail1' names 2"):

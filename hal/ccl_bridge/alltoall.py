@@ -42,21 +42,11 @@ from typing import Optional
 
 import torch
 
-from hal.core.topology import RailLayout
+from hal.core.topology import RailLayout, cross_rail
 
 from . import faults
 from .ccl import Handle
 from .fabric import CPU, Fabric
-
-
-def cross_rail(topo: RailLayout, s: int, d: int) -> int:
-    """Index of the rail that carries s -> d, for ranks in different sub-clusters (O(rails of d))."""
-    cs = topo.cluster_of[s]
-    cand = topo.rails_of(d)
-    for r in cand:
-        if r.members[cs] == s:
-            return r.index
-    return cand[topo.index_in_cluster[s] % len(cand)].index
 
 
 def cross_rails(topo: RailLayout) -> list[list[int]]:

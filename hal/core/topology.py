@@ -217,6 +217,18 @@ def rail_layout(keys: Sequence[tuple[str, bool]], max_parts: int = DEFAULT_MAX_P
                       _rails_of=tuple(tuple(x) for x in rails_of))
 
 
+def cross_rail(topo: RailLayout, s: int, d: int) -> int:
+    """Index of the rail that carries the bridge's all_to_all block s -> d, for ranks in different
+    chip groups (O(rails of d)): a rail with d on which s sits, else one of d's rails picked by s's
+    index in its group, so a group's sources spread over d's rails (hal.ccl_bridge.alltoall)."""
+    cs = topo.cluster_of[s]
+    cand = topo.rails_of(d)
+    for r in cand:
+        if r.members[cs] == s:
+            return r.index
+    return cand[topo.index_in_cluster[s] % len(cand)].index
+
+
 # ---- link figures ---------------------------------------------------------------------------------
 def links_for(chip: str, model: Optional[str], intra: Optional[float] = None,
               nic: Optional[float] = None) -> tuple[Link, Link]:
@@ -297,22 +309,32 @@ class Topology:
 
     @classmethod
     def from_chips(cls, chips: Sequence[str], emulated: bool = True, models: Optional[Mapping[str, str]] = None,
-                   max_parts: int = DEFAULT_MAX_PARTS) -> "Topology":
+                   max_parts: int = DEFAULT_MAX_PARTS, nodes: Optional[Sequence[int]] = None,
+                   nic_bytes_per_s: Optional[Mapping[str, float]] = None,
+                   intra_bytes_per_s: Optional[float] = None) -> "Topology":
         """From the chip of every rank (HAL_EMULATE order): one sub-cluster per chip, named after it,
-        ordered by its lowest rank, each on its own node. `models` maps chip -> catalog model for
-        the link figures (default: the catalog's default model of the chip)."""
+        ordered by its lowest rank. Without `nodes` each sub-cluster is one node of its own; with
+        `nodes` (the node of every rank, e.g. a test bed's hosts) a sub-cluster may span several nodes
+        and share none or some with others. `models` maps chip -> catalog model for the link figures
+        (default: the catalog's default model of the chip); `nic_bytes_per_s` (chip -> bytes/s) and
+        `intra_bytes_per_s` override them (source "spec")."""
         if not chips:
             raise TopologyError("from_chips: no ranks given (chips = [])")
+        if nodes is not None and len(nodes) != len(chips):
+            raise TopologyError(f"from_chips: nodes has {len(nodes)} entries for {len(chips)} ranks")
         by_chip: dict[str, list[int]] = {}
         for r, c in enumerate(chips):
             by_chip.setdefault(str(c), []).append(r)
         scs = []
-        for node, (chip, ranks) in enumerate(by_chip.items()):
+        for i, (chip, ranks) in enumerate(by_chip.items()):
             model = (models or {}).get(chip)
-            intra, nic = links_for(chip, model)
-            scs.append(SubClusterTopo(name=chip, chip=chip, model=model, ranks=ranks, nodes=[list(ranks)],
-                                      emulated=emulated, intra_bandwidth=intra, nic_bandwidth=nic,
-                                      node_ids=[node]))
+            intra, nic = links_for(chip, model, intra_bytes_per_s, (nic_bytes_per_s or {}).get(chip))
+            per_node: dict[int, list[int]] = {}
+            for r in ranks:
+                per_node.setdefault(i if nodes is None else int(nodes[r]), []).append(r)
+            scs.append(SubClusterTopo(name=chip, chip=chip, model=model, ranks=ranks,
+                                      nodes=list(per_node.values()), emulated=emulated, intra_bandwidth=intra,
+                                      nic_bandwidth=nic, node_ids=list(per_node)))
         return cls._build(scs, max_parts)
 
     @classmethod

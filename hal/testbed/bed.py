@@ -23,8 +23,10 @@ Layout (names are per bed: `hal-<id>-h<h>`, `hal-<id>-sw`):
 - **NICs and rails**: host h's NIC i (`rail<i>`, address `spec.address(h, i)`) belongs to its local
   rank i. Source-address policy routing (one table per NIC) sends a socket bound to NIC i's address
   (gloo's listening side, `hal.testbed.rank_nic`) out of NIC i; a socket that is not bound (gloo's
-  connecting side) follows a /32 route per remote NIC: remote NIC j is reached from local NIC j, as on
-  a rail-optimized cluster. `arp_ignore`/`arp_announce` keep ARP on the NIC that owns the address
+  connecting side) follows a /32 route per remote NIC: from the NIC of the local rank that shares a
+  bridge rail with the remote rank (`BedSpec.route_nic`; remote NIC j from local NIC j where the
+  rails are index-matched, as on a rail-optimized cluster). A sub-cluster may span hosts.
+  `arp_ignore`/`arp_announce` keep ARP on the NIC that owns the address
   (several NICs on one L2 segment otherwise answer for each other).
 - **Shaping**: tbf at `rate` on the NIC's transmit queue and on its switch port's transmit queue
   (the NIC's receive direction): a port's line rate both ways. Loss: iptables `statistic` random DROP
@@ -192,16 +194,16 @@ class Testbed:
             self._start_host(h)
 
     def _peer_routes(self, h: int) -> None:
-        """Rail-matched routes for sockets that do not bind a source address (gloo's connecting side
-        does not: it connects from whatever the route says): the NIC of index j on any other host is
-        reached through this host's NIC j (j mod its NIC count), from that NIC's address. So a rail
-        of same-index ranks uses exactly their own NICs, as on a rail-optimized cluster."""
-        ns, n = self.netns(h), self.spec.ranks[h]
+        """Routes for sockets that do not bind a source address (gloo's connecting side does not: it
+        connects from whatever the route says): each NIC of another host is reached through the NIC
+        `spec.route_nic` names (the local member of its rail, else NIC j from NIC j mod n), from that
+        NIC's address. So a rail uses exactly its members' own NICs, as on a rail-optimized cluster."""
+        ns = self.netns(h)
         for g in range(self.spec.hosts):
             if g == h:
                 continue
             for j in range(self.spec.ranks[g]):
-                mine = j % n
+                mine = self.spec.route_nic(h, self.spec.first_rank(g) + j)
                 _sh(["ip", "-n", ns, "route", "add", f"{self.spec.address(g, j)}/32", "dev", self.nic(mine),
                      "src", self.spec.address(h, mine)], f"route from host {h} to host {g} NIC {j}")
 

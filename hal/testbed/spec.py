@@ -2,6 +2,12 @@
 
     spec = BedSpec.of([2, 2], rate="200 Mb/s")                 # 2 hosts x 2 ranks, every NIC 200 Mb/s
     spec = BedSpec.from_cluster(load_cluster_spec(f), scale=1000, max_rate="400 Mb/s")
+    spec = BedSpec.of_sub_clusters([("cuda", [2, 2]), ("ascend", [2])], rate="200 Mb/s")
+                                   # cuda on hosts 0 and 1 (2 ranks each), ascend on host 2
+
+A sub-cluster (one chip kind) may span several hosts (`of_sub_clusters`, or `chips` per global rank
+with `of`): each of its ranks still has its own shaped NIC, its steps between hosts cross NICs, and
+`topology()` gives the link model's view of the bed (hal.core.topology, hal.core.link_model).
 
 A rate, delay and loss apply per NIC and per direction (a NIC's transmit queue on the host side, its
 receive side on the switch port), like a real port's line rate. `from_cluster` takes the cluster
@@ -140,6 +146,84 @@ class BedSpec:
             raise TestbedSpecError(f"cluster {cluster.name!r}: nodes {nodes} are not 0..{len(nodes) - 1}")
         return cls(ranks=tuple(len(per_node[n]) for n in nodes), links=tuple(tuple(per_node[n]) for n in nodes),
                    chips=tuple(chips), **kw)
+
+    @classmethod
+    def of_sub_clusters(cls, layout, rate: Union[None, float, str] = None, **kw) -> "BedSpec":
+        """Hosts from a host list per sub-cluster: `[("cuda", [2, 2]), ("ascend", [2])]` (or a dict in
+        that order) puts cuda on hosts 0 and 1 with 2 ranks each and ascend on host 2. Sub-clusters
+        take hosts in order; a host holds one chip kind (as a server does). Other arguments as `of`."""
+        pairs = list(layout.items()) if isinstance(layout, dict) else list(layout)
+        if not pairs:
+            raise TestbedSpecError("of_sub_clusters: no sub-clusters given (layout = [])")
+        ranks: list[int] = []
+        chips: list[str] = []
+        for entry in pairs:
+            if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str)):
+                raise TestbedSpecError(f"of_sub_clusters: entry {entry!r}: expected (chip, [ranks per host])")
+            chip, hosts = entry
+            hosts = [hosts] if isinstance(hosts, int) else list(hosts)
+            if not hosts or not all(isinstance(n, int) for n in hosts):
+                raise TestbedSpecError(f"of_sub_clusters: {chip!r}: hosts={hosts!r}, expected a list of rank "
+                                       f"counts per host such as [2, 2]")
+            ranks += hosts
+            chips += [chip] * sum(hosts)
+        return cls.of(ranks, rate=rate, chips=chips, **kw)
+
+    def host_of(self, rank: int) -> int:
+        """The host of global rank `rank` (torchrun node order)."""
+        if not 0 <= rank < self.world_size:
+            raise TestbedSpecError(f"rank={rank}: the bed has ranks 0..{self.world_size - 1}")
+        h = 0
+        while rank >= self.first_rank(h) + self.ranks[h]:
+            h += 1
+        return h
+
+    def sub_cluster_hosts(self) -> dict[str, list[int]]:
+        """chip -> the hosts its ranks are on, in order ({} without chips)."""
+        out: dict[str, list[int]] = {}
+        for r, chip in enumerate(self.chips):
+            hosts = out.setdefault(chip, [])
+            if self.host_of(r) not in hosts:
+                hosts.append(self.host_of(r))
+        return out
+
+    def topology(self, intra_bytes_per_s: float = float("inf")):
+        """The bed as a `hal.core.topology.Topology` for the link model: one sub-cluster per chip kind
+        (emulated), each rank on its host, each rank's NIC at its shaped rate (the slowest NIC of a
+        sub-cluster, unshaped counted as unbounded). Inside a host the bed's ranks talk over shared
+        memory or loopback, which is not shaped: `intra_bytes_per_s` defaults to unbounded (free next
+        to the links)."""
+        if not self.chips:
+            raise TestbedSpecError("topology(): the spec has no chips (give chips=[...] or use of_sub_clusters)")
+        from hal.core.topology import Topology
+        nic: dict[str, float] = {}
+        for r, chip in enumerate(self.chips):
+            h = self.host_of(r)
+            rate = self.links[h][r - self.first_rank(h)].rate_bps
+            bps = rate / 8 if rate else float("inf")
+            nic[chip] = min(nic.get(chip, bps), bps)
+        return Topology.from_chips(list(self.chips), nodes=[self.host_of(r) for r in range(self.world_size)],
+                                   nic_bytes_per_s=nic, intra_bytes_per_s=intra_bytes_per_s)
+
+    def route_nic(self, host: int, remote_rank: int) -> int:
+        """The NIC of `host` that reaches global rank `remote_rank` (on another host) for a socket that
+        binds no source address. With chips: the NIC of the first local rank that shares one of the
+        bridge's rails with it (hal.core.topology), so each rail rides its members' own NICs also
+        where rail peers have different local indices (a sub-cluster spanning hosts, uneven hosts);
+        otherwise, and without chips, rail-matched by index: remote NIC j from local NIC j mod n."""
+        g = self.host_of(remote_rank)
+        j, n, first = remote_rank - self.first_rank(g), self.ranks[host], self.first_rank(host)
+        if self.chips:
+            for rail in self._rails():
+                if remote_rank in rail:
+                    local = [r for r in rail if first <= r < first + n]
+                    if local:
+                        return local[0] - first
+        return j % n
+
+    def _rails(self) -> list[list[int]]:
+        from hal.core.topology import rail_layout
+        return [list(r.members) for r in rail_layout([(c, True) for c in self.chips]).rails]
 
     @property
     def world_size(self) -> int:
