@@ -25,6 +25,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("hal.cli.bench", "benchmarks: `hal bench comm` prints an nccl-tests style table"),
     "demo": ("hal.cli.demo", "DDP over the hetero bridge on an emulated mixed cluster, checked against one process"),
     "train": ("hal.cli.train", "train a model on a (mixed) cluster from a TOML config: `hal train --config FILE`"),
+    "export": ("hal.cli.export", "write a `hal train` checkpoint as a Hugging Face checkpoint: "
+               "`hal export --hf OUT --run RUN_DIR`"),
     "conformance": ("hal.cli.conformance", "run the conformance suite against a plugin"),
     "plan": ("hal.cli.plan", "find the best layout of a model over a mixed cluster (cost model + simulator)"),
     "simulate": ("hal.cli.simulate", "predict one training step of a given plan"),

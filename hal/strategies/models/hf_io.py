@@ -82,8 +82,9 @@ def read_hf_config(hf_dir: Union[str, Path]) -> dict:
 def model_config_from_hf(hf_dir: Union[str, Path]) -> ModelConfig:
     """The ModelConfig of a HF checkpoint directory (hf_map.config_from_hf: an unsupported field is
     refused by name)."""
+    data = read_hf_config(hf_dir)
     from .hf_map import config_from_hf
-    return config_from_hf(read_hf_config(hf_dir))
+    return config_from_hf(data)
 
 
 # ---- load -----------------------------------------------------------------------------------------
