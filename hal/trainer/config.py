@@ -121,6 +121,8 @@ class CheckpointSection(_Section):
     enabled: bool = True
     async_save: bool = Field(default=True,
                              description="dcp.async_save: write in a background thread (the final one waits)")
+    export_hf: Optional[str] = Field(default=None, min_length=1, description="also write the final checkpoint as a "
+                                     "Hugging Face checkpoint into this directory (rank 0, as `hal export --hf`)")
 
 
 class LogSection(_Section):
