@@ -305,13 +305,14 @@ class Trainer:
                 self.checkpointer.save(self.end, final=True)
             self.checkpointer.close()
             cfg = self.cfg
-            if cfg.checkpoint.export_hf and self.rank == 0:  # the final checkpoint as a HF one (hal export's route)
+            if cfg.checkpoint.export_hf:  # rank 0: the final checkpoint as a HF one (hal export's route)
                 from hal.strategies.models.hf_io import export_checkpoint
 
                 from .checkpoint import latest, step_dir
-                export_checkpoint(step_dir(cfg.checkpoint_dir, latest(cfg.checkpoint_dir)), self.model_cfg,
-                                  cfg.resolve(cfg.checkpoint.export_hf), copy_from=cfg.resolve(cfg.model.hf))
-            dist.barrier(group=self.book)
+                if self.rank == 0:
+                    export_checkpoint(step_dir(cfg.checkpoint_dir, latest(cfg.checkpoint_dir)), self.model_cfg,
+                                      cfg.resolve(cfg.checkpoint.export_hf), copy_from=cfg.resolve(cfg.model.hf))
+                dist.barrier(group=self.book)
         self.digest = params_digest(self.run.full_parameters()) if self.run.active else ""
 
     def summary(self) -> dict:
