@@ -29,13 +29,15 @@ the format (shards by `max_shard_bytes` with model.safetensors.index.json, safet
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 
 import torch
 from torch import nn
@@ -50,6 +52,15 @@ CONFIG_JSON = "config.json"
 SUFFIX = ".safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 MAX_SHARD_BYTES = 5 << 30  # save_pretrained's default shard size (5 GB)
+
+
+@contextlib.contextmanager
+def _one_process() -> Iterator[None]:
+    """Silence DCP's warning that no process group is in use: reading or writing in this one process
+    (no_dist=True) is the intent here, not an accident."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 class HFCheckpointError(HalError, ValueError):
@@ -186,7 +197,7 @@ def load_hf_weights(modules: Union[Mapping[int, nn.Module], Iterable[nn.Module],
     state, aliases = _wanted(params, cfg)
     reader = _reader(hf_dir, stats)
     _check_against(state, reader.read_metadata(), hf_dir, rank)
-    with torch.no_grad():
+    with torch.no_grad(), _one_process():
         dcp.load(state, storage_reader=reader, no_dist=True)
         for name, key in aliases:
             params[name].copy_(state[key])
@@ -213,7 +224,8 @@ def read_dcp_state(checkpoint: Union[str, Path], prefix: str) -> dict[str, torch
              if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)}
     if not state:
         raise HFCheckpointError(f"checkpoint {path}: no entries named {prefix}* (not a hal train checkpoint?)")
-    dcp.load(state, storage_reader=reader, no_dist=True)
+    with _one_process():
+        dcp.load(state, storage_reader=reader, no_dist=True)
     return {k[len(prefix):]: v for k, v in state.items()}
 
 
@@ -256,7 +268,8 @@ def export_hf(our_state: Mapping[str, torch.Tensor], cfg: ModelConfig, out_dir: 
         config["torch_dtype"] = str(dtype).removeprefix("torch.")
     (out / CONFIG_JSON).write_text(json.dumps(config, indent=2) + "\n")
     writer = HuggingFaceStorageWriter(str(out), fqn_to_index_mapping=_shards(state, max_shard_bytes))
-    dcp.save(state, storage_writer=writer, no_dist=True)
+    with _one_process():
+        dcp.save(state, storage_writer=writer, no_dist=True)
     if copy_from is not None:
         for name in TOKENIZER_FILES:
             src = Path(copy_from) / name
