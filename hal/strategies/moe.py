@@ -5,7 +5,13 @@ group (`hetero` included), with tokens moved by `all_to_all_single` with uneven 
 Semantics (one definition, the same code path in one process and on W ranks; the parity tests hold it):
 - Routing: probs = softmax(x @ router.T) in float32 per token; the top_k experts of each token are its
   assignments (slot j = its j-th choice); gates are the top-k probs, renormalised to sum 1 when
-  top_k > 1 (GShard/Mixtral), the raw prob when top_k == 1 (Switch).
+  top_k > 1 and norm_topk_prob (GShard/Mixtral/Qwen3-MoE), the raw probs otherwise (Switch at
+  top_k == 1; Qwen2-MoE with norm_topk_prob false).
+- Shared experts (DeepSeek-MoE, Qwen2-MoE): `shared_ffn` > 0 adds one SwiGLU path of that width
+  (`self.shared`; n shared experts of width f are one path of width n f) that every token meets,
+  added to the routed output, times sigmoid(x @ shared_gate.T) when `shared_gate` (Qwen2-MoE; the
+  sigmoid is torch's, hal.ops has no sigmoid). It is an ordinary dense weight: replicated on every
+  EP rank, not an expert (expert_parallel leaves it to DP like the router).
 - Capacity is per expert over the tokens of ONE forward of the whole EP group (the global
   micro-batch): C = ceil(capacity_factor * T_global * top_k / experts), T_global = tokens summed over
   the EP group's ranks. An expert keeps its assignments in the order (slot, global token index) and
@@ -158,7 +164,8 @@ class MoE(nn.Module):
     def __init__(self, hidden: int, ffn: int, experts: int, top_k: int = 2, capacity_factor: Optional[float] = 1.25,
                  group: Optional[dist.ProcessGroup] = None, placement: Optional[Sequence[Sequence[int]]] = None,
                  local_experts: Optional[Sequence[int]] = None,
-                 stats_group: Optional[dist.ProcessGroup] = None) -> None:
+                 stats_group: Optional[dist.ProcessGroup] = None, norm_topk_prob: bool = True,
+                 shared_ffn: int = 0, shared_gate: bool = False) -> None:
         super().__init__()
         for name, v in (("hidden", hidden), ("ffn", ffn), ("experts", experts), ("top_k", top_k)):
             if v < 1:
@@ -166,10 +173,16 @@ class MoE(nn.Module):
         if top_k > experts:
             raise MoEError(f"MoE: top_k={top_k} exceeds experts={experts}")
         self.hidden, self.ffn, self.num_experts, self.top_k = hidden, ffn, experts, top_k
-        self.capacity_factor = capacity_factor
+        if shared_gate and not shared_ffn:
+            raise MoEError(f"MoE: shared_gate=True needs a shared path (shared_ffn={shared_ffn})")
+        self.capacity_factor, self.norm_topk_prob = capacity_factor, norm_topk_prob
         self.router = nn.Linear(hidden, experts, bias=False)
         ids = range(experts) if local_experts is None else local_experts
         self.experts = nn.ModuleDict({str(int(e)): Expert(hidden, ffn) for e in ids})
+        if shared_ffn:
+            self.shared = Expert(hidden, shared_ffn)     # dense, replicated (not expert-parallel)
+            if shared_gate:
+                self.shared_gate = nn.Linear(hidden, 1, bias=False)
         self.aux_loss: Optional[torch.Tensor] = None
         # None: the model adds coef x aux_loss to its loss (GPT.aux_loss()). A float c: the layer injects
         # c x its aux share into backward itself (_InjectAux) - for pipeline stages; then do NOT also
@@ -233,7 +246,7 @@ class MoE(nn.Module):
         T, E, k, W = xt.size(0), self.num_experts, self.top_k, self.ep_size
         probs = ops.softmax(ops.linear(xt, self.router.weight).float(), dim=-1)   # (T, E) float32
         top_p, top_e = probs.topk(k, dim=-1)                                 # (T, k)
-        gates = top_p / top_p.sum(-1, keepdim=True) if k > 1 else top_p
+        gates = top_p / top_p.sum(-1, keepdim=True) if k > 1 and self.norm_topk_prob else top_p
         dev = xt.device
         top_e = top_e.detach().cpu()  # routing bookkeeping is small integer work: on the host
 
@@ -253,6 +266,8 @@ class MoE(nn.Module):
         outs = self._run_experts(received, recv_per, dev)
         back = _all_to_all(outs, payload.size(0), recv_splits, send_splits, self.group) if W > 1 else outs
         y = torch.zeros_like(xt).index_add(0, tok, back * gates[tok, slot].unsqueeze(1).to(back.dtype))
+        if hasattr(self, "shared"):
+            y = y + self._shared(xt)
 
         # load-balancing share of this rank (see module docstring)
         if t_global:
@@ -267,6 +282,13 @@ class MoE(nn.Module):
         if self.inject_aux_coef is not None and torch.is_grad_enabled():
             y = _InjectAux.apply(y, self.aux_loss * self.inject_aux_coef)
         return y
+
+    def _shared(self, xt: torch.Tensor) -> torch.Tensor:
+        """The shared experts' output for tokens xt (T, h), gated per token when shared_gate."""
+        out = self.shared(xt)
+        if hasattr(self, "shared_gate"):
+            out = torch.sigmoid(ops.linear(xt, self.shared_gate.weight)) * out
+        return out
 
     def _global_counts(self, top_e: torch.Tensor, T: int, dev: torch.device) -> tuple[torch.Tensor, int]:
         """(per_rank[s, e, j]: rank s's assignments of slot j to expert e, tokens over all ranks),

@@ -1,17 +1,28 @@
-"""`GPT`: a Llama-style decoder-only transformer sized by a `ModelConfig` (RMSNorm, rotary attention,
-SwiGLU MLP, or a MoE FFN when `experts > 0`), every op through `hal.ops`.
+"""`GPT`: a Llama-style decoder-only transformer sized by a `ModelConfig` (RMSNorm, rotary attention
+with grouped-query K/V heads, optional q/k biases and q/k norms, Llama 3.1 rope scaling, SwiGLU MLP,
+or a MoE FFN with optional shared experts when `experts > 0`, optionally tied head), every op
+through `hal.ops`. One class covers the Llama, Qwen2, Qwen3, Mixtral and Qwen-MoE families
+(hal/strategies/models/hf_map.py maps their Hugging Face checkpoints onto these names).
 
 Module names are the contract the strategies shard by (tensor parallel plans name them):
-    embed (token embedding) . blocks[i] (.attn_norm, .attn (.wq .wk .wv .wo), .ffn_norm, and .mlp
-    (.w1 gate, .w3 up, .w2 down) or .moe (hal.strategies.moe.MoE)) . norm . head
+    embed (token embedding) . blocks[i] (.attn_norm, .attn (.wq .wk .wv .wo [.q_norm .k_norm]),
+    .ffn_norm, and .mlp (.w1 gate, .w3 up, .w2 down) or .moe (hal.strategies.moe.MoE: .router,
+    .experts[e], [.shared (an MLP), .shared_gate])) . norm . head
 The linears are `HalLinear`, an `nn.Linear` whose forward is `hal.ops.linear`, so torch's
 `parallelize_module` (which checks for nn.Linear and hooks the module call) shards them, and the op
-still runs on the chip's kernel. Attention reads the number of heads from the local width of wq's
-output (`width // head_dim`), so a column-sharded wq gives each TP rank its own heads unchanged.
+still runs on the chip's kernel. Attention reads the number of query and K/V heads from the local
+widths of wq's and wk's outputs (`width // head_dim`), so column-sharded wq/wk/wv give each TP rank
+its own heads/tp query heads and kv_heads/tp K/V heads, the same grouping as the whole model.
+GQA repeats each K/V head to its heads / kv_heads query heads (`repeat_interleave` on the head dim,
+HF's `repeat_kv` order) before `hal.ops.scaled_dot_product_attention`.
+With `tie_embeddings` the head's weight IS the embedding's Parameter (one tensor, named
+`embed.weight` by named_parameters); a pipeline split that puts embed and head on different stages
+cannot keep that (not supported).
 `embed`, `norm` and `head` may be set to None (a pipeline stage without them); forward skips them.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -19,6 +30,7 @@ from torch import nn
 
 import hal.ops as ops
 
+from ..errors import ModelConfigError
 from .config import ModelConfig
 
 
@@ -51,22 +63,47 @@ class Embedding(nn.Module):
         return ops.embedding(ids, self.weight)
 
 
-def rotary_tables(seq: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin (seq, head_dim) for hal.ops.rotary_embedding's rotate-half convention (Llama/NeoX)."""
+def scale_frequencies(inv: torch.Tensor, scaling) -> torch.Tensor:
+    """Llama 3.1 rope scaling of inverse frequencies `inv` (a ModelConfig.rope_scaling): long
+    wavelengths divided by `factor`, short ones kept, the band between interpolated (Meta's
+    `apply_scaling`, transformers' `_compute_llama3_parameters`)."""
+    old = scaling.original_max_position
+    low_wavelen, high_wavelen = old / scaling.low_freq_factor, old / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    out = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+    smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * out / scaling.factor + smooth * out
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, out)
+
+
+def rotary_tables(seq: int, head_dim: int, theta: float, scaling=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (seq, head_dim) for hal.ops.rotary_embedding's rotate-half convention (Llama/NeoX,
+    also Hugging Face's: its q/k weights need no permutation); `scaling` a ModelConfig.rope_scaling."""
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)   # (head_dim/2,)
+    if scaling is not None:
+        inv = scale_frequencies(inv, scaling)
     freqs = torch.outer(torch.arange(seq, dtype=torch.float64), inv)                     # (seq, head_dim/2)
     ang = torch.cat((freqs, freqs), dim=-1)                                               # (seq, head_dim)
     return ang.cos().float(), ang.sin().float()
 
 
 class Attention(nn.Module):
-    """Causal multi-head attention with rotary positions: wq, wk, wv (hidden -> hidden), wo."""
+    """Causal grouped-query attention with rotary positions: wq (hidden -> heads x head_dim), wk, wv
+    (hidden -> kv_heads x head_dim; all three with biases when qkv_bias), wo (heads x head_dim ->
+    hidden); with qk_norm an RMSNorm over head_dim on q and k (q_norm, k_norm) before rotary."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        h = cfg.hidden
+        h, bias = cfg.hidden, cfg.qkv_bias
         self.head_dim = cfg.head_dim
-        self.wq, self.wk, self.wv, self.wo = (HalLinear(h, h) for _ in range(4))
+        self.wq = HalLinear(h, cfg.q_dim, bias=bias)
+        self.wk = HalLinear(h, cfg.kv_dim, bias=bias)
+        self.wv = HalLinear(h, cfg.kv_dim, bias=bias)
+        self.wo = HalLinear(cfg.q_dim, h)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -75,11 +112,16 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, d)
         k = self.wk(x).view(b, s, -1, d)
         v = self.wv(x).view(b, s, -1, d)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         c, sn = cos[:s].view(1, s, 1, d), sin[:s].view(1, s, 1, d)
         q, k = ops.rotary_embedding(q, c, sn), ops.rotary_embedding(k, c, sn)
         # (b, s, heads, d) -> (b, heads, s, d) for attention, and back to (b, s, heads * d)
-        a = ops.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             is_causal=True)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        group = q.size(1) // k.size(1)
+        if group > 1:  # GQA: K/V head j serves query heads j*group .. (j+1)*group - 1 (HF repeat_kv)
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        a = ops.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(a.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -105,7 +147,9 @@ class Block(nn.Module):
         if cfg.is_moe:
             from hal.strategies.moe import MoE  # H4's layer; imported only for MoE models
             self.moe = MoE(cfg.hidden, cfg.ffn, cfg.experts, top_k=cfg.top_k,
-                           capacity_factor=cfg.capacity_factor)
+                           capacity_factor=cfg.capacity_factor, norm_topk_prob=cfg.norm_topk_prob,
+                           shared_ffn=cfg.shared_ffn if cfg.shared_experts else 0,
+                           shared_gate=cfg.shared_expert_gate)
         else:
             self.mlp = MLP(cfg.hidden, cfg.ffn)
 
@@ -125,14 +169,32 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.norm: Optional[RMSNorm] = RMSNorm(cfg.hidden, cfg.norm_eps)
         self.head: Optional[HalLinear] = HalLinear(cfg.hidden, cfg.vocab)
-        cos, sin = rotary_tables(cfg.seq, cfg.head_dim, cfg.rope_theta)
+        self._tie()
+        cos, sin = rotary_tables(cfg.seq, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         # not persistent: derived from the config, so checkpoints and FSDP state stay weights only
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    def _tie(self) -> None:
+        """With tie_embeddings, make the head's weight the embedding's Parameter (again)."""
+        if self.cfg.tie_embeddings and self.embed is not None and self.head is not None:
+            self.head.weight = self.embed.weight
+
+    def _apply(self, fn, recurse=True):
+        """nn.Module._apply (to, to_empty, materialising meta parameters) makes a new Parameter per
+        module when the tensor type changes, which unties a tied head: tie it again afterwards."""
+        out = super()._apply(fn, recurse)
+        self._tie()
+        return out
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.size(1) > self.cfg.seq:
             raise ValueError(f"GPT: sequence length {x.size(1)} exceeds the config's seq = {self.cfg.seq}")
+        if self.cfg.tie_embeddings and (self.embed is None) != (self.head is None):
+            raise ModelConfigError("tie_embeddings", True, "this pipeline stage holds the "
+                                   f"{'head' if self.embed is None else 'embedding'} but not the "
+                                   f"{'embedding' if self.embed is None else 'head'}; a tied head needs both on "
+                                   "one stage (one stage, or tie_embeddings = false)")
         if self.embed is not None:
             x = self.embed(x)
         for block in self.blocks:
@@ -153,14 +215,17 @@ class GPT(nn.Module):
 
 
 def build_gpt(cfg: ModelConfig, seed: int = 0) -> GPT:
-    """GPT with weights N(0, 0.02) (norm gains 1) drawn in parameter-name order from `seed`, so every
-    process builds the bit-identical model whatever its global RNG state."""
+    """GPT with weights N(0, 0.02) (norm gains 1, biases 0) drawn in parameter-name order from `seed`,
+    so every process builds the bit-identical model whatever its global RNG state (a tied head is
+    drawn once, as `embed.weight`)."""
     model = GPT(cfg)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
     return model
