@@ -95,6 +95,8 @@ class ClusterSection(_Section):
                         description="timed emulation for a local run (HAL_EMULATE_TIMED=1, hal.emulation.timed)")
     time_scale: Optional[float] = Field(default=None, gt=0,
                                         description="HAL_EMULATE_TIME_SCALE; None = hal.emulation.timed's default")
+    nodes: list[str] = Field(default_factory=list, description="host names of the nodes in node-rank order, the "
+                             "first 'HOST[:PORT]' the endpoint: `hal train` on each finds itself (hal.launch.nodes)")
 
 
 class PlanSection(_Section):
