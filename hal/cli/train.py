@@ -31,7 +31,7 @@ import os
 import sys
 import time
 
-from hal.trainer.args import _OVERRIDES, add_arguments, load  # noqa: F401 - hal/cli/__init__.py calls add_arguments
+from hal.trainer.args import _OVERRIDES, add_arguments, config_env, load  # noqa: F401 - hal/cli/__init__.py calls add_arguments
 
 TRAIN_EXTRA = ("rich", "matplotlib")  # pyproject.toml's [train] extra
 
@@ -64,15 +64,11 @@ def plan(cfg, args: argparse.Namespace, environ: dict) -> tuple:
 
     from hal.trainer.config import TrainConfigError
     check_int("--max-restarts", getattr(args, "max_restarts", 0), 0, 100)
-    env = dict(environ)
+    env = config_env(cfg, environ)  # the config names the chips and timing: it wins over HAL_* (the ranks apply it too)
     emulate = emulate_label = cluster_label = None
-    if cfg.cluster.emulate or cfg.cluster.spec:  # the config names the chips: it wins over HAL_* (a
-        env.pop("HAL_CHIP", None)                 # HAL_CHIP would bind that one chip on every rank)
     if cfg.cluster.emulate:
         emulate, emulate_label = cfg.cluster.emulate, f"cluster.emulate = {cfg.cluster.emulate!r} ({args.config})"
     elif cfg.cluster.spec:
-        env.pop("HAL_EMULATE", None)
-        env["HAL_CLUSTER"] = str(cfg.resolve(cfg.cluster.spec))
         cluster_label = f"cluster.spec = {cfg.cluster.spec!r} ({args.config})"
 
     def no_cluster(_):
@@ -84,11 +80,8 @@ def plan(cfg, args: argparse.Namespace, environ: dict) -> tuple:
     for p in cfg.data.paths if cfg.data.source == "files" else ():
         if not cfg.resolve(p).exists():
             raise TrainConfigError("data.paths", p, f"no such file or folder ({cfg.resolve(p)})")
-    if cfg.plan.source != "auto":  # the Plan the ranks will build, checked on this cluster and model now
-        from hal.trainer.trainer import make_plan
-        make_plan(cfg, Topology.from_env(env, world_size=nproc), cfg.load_model_config(), None)
-    else:
-        cfg.load_model_config()
+    from hal.trainer.trainer import make_plan  # the Plan the ranks will build (auto: searched here too),
+    make_plan(cfg, Topology.from_env(env, world_size=nproc), cfg.load_model_config(), None)  # and its memory
     check_output_dir("--run-dir" if getattr(args, "run_dir", None) else "log.dir", str(cfg.run_dir))
     if cfg.checkpoint.enabled:
         check_output_dir("checkpoint.dir", str(cfg.checkpoint_dir))
@@ -97,57 +90,152 @@ def plan(cfg, args: argparse.Namespace, environ: dict) -> tuple:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "check_checkpoints", None):  # only list the checkpoints' states (hal.trainer.integrity)
+        from hal.trainer.integrity import check_command
+        return check_command(args.check_checkpoints)
     from hal.contract.errors import HalError
-    from hal.launch.check import fail, run_ranks
+    from hal.launch.check import fail
+    if os.environ.get("TORCHELASTIC_RUN_ID") or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        return _run_rank(args)
     try:
         check_train_extra()
         cfg = load(args)
     except HalError as exc:
         return fail("hal train", exc)
-    if os.environ.get("TORCHELASTIC_RUN_ID") or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
-        from hal.trainer.console import setup_console
-        from hal.trainer.loop import exit_failed, train
-        setup_console()
-        try:
-            train(cfg)
-        except BaseException as exc:  # exit now; torchrun restarts the job (hal/trainer/elastic.py)
-            exit_failed(exc)
-        return 0
     try:
-        nproc, env, source, chips = plan(cfg, args, os.environ)
+        launch = _prelaunch(cfg, args)
     except HalError as exc:
         return fail("hal train", exc)
-    if _finished(cfg):
+    if launch is None:
         return 0
-    if cfg.cluster.timed:  # timed emulation for the local ranks (hal.emulation.timed)
-        env["HAL_EMULATE_TIMED"] = "1"
-        if cfg.cluster.time_scale:
-            env["HAL_EMULATE_TIME_SCALE"] = repr(cfg.cluster.time_scale)
-    if getattr(args, "measure_parts", False):  # each sub-cluster alone and Plan.even first (hal/trainer/parts.py)
-        from hal.trainer.parts import measure
+    node, nproc, env, source, chips, lock = launch
+    try:
+        if getattr(args, "measure_parts", False):  # each sub-cluster alone and Plan.even first (hal/trainer/parts.py)
+            from hal.trainer.parts import measure
+            try:
+                code = measure(args, cfg, run)
+            except HalError as exc:
+                return fail("hal train --measure-parts", exc)
+            if code != 0:
+                return code
+        return _launch(cfg, args, node, nproc, env, source, chips)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_rank(args: argparse.Namespace) -> int:
+    """Under torchrun (a rank): the config's settings applied, then the loop; a bad config is this
+    rank's one marked error line (hal.launch.check.report_rank_failure), so `hal testbed run` and
+    torchrun's launcher print it, not "exitcode 2"."""
+    from hal.contract.errors import HalError
+    from hal.launch.check import fail, report_rank_failure
+    from hal.trainer.args import apply_config_env
+    try:
+        check_train_extra()
+        cfg = load(args)
+    except HalError as exc:
+        report_rank_failure(exc)
+        return fail("hal train", exc)
+    from hal.trainer.console import setup_console
+    from hal.trainer.loop import exit_failed, train
+    apply_config_env(cfg)
+    setup_console()
+    try:
+        train(cfg)
+    except BaseException as exc:  # exit now; torchrun restarts the job (hal/trainer/elastic.py)
+        exit_failed(exc)
+    return 0
+
+
+def _prelaunch(cfg, args: argparse.Namespace):
+    """Every check before torchrun, on every node: this node's place (hal.launch.nodes), the config,
+    chips, plan and folders (`plan`), the run folder's lock (node 0), and, on several nodes, every
+    node's result agreed (a problem on one stops all with its line). None: the run is finished already.
+    Returns (node, ranks on this node, env, chips source, chips, the held lock or None)."""
+    from hal.contract.errors import HalError
+    from hal.launch.nodes import agree, ranks_on_node, resolve
+    from hal.launch.runlock import RunLock
+    node = resolve(getattr(args, "nnodes", None), getattr(args, "node_rank", None),
+                   getattr(args, "rdzv_endpoint", None), cfg.cluster.nodes, os.environ)
+    problem, lock, launch = None, None, None
+    try:
+        nproc, env, source, chips = plan(cfg, args, os.environ)
+        if node.multi and getattr(args, "measure_parts", False):
+            from hal.launch.check import LaunchError
+            raise LaunchError(f"--measure-parts runs on one node; this job has {node.nnodes} ({node.source})")
+        spec = None
+        if node.multi and env.get("HAL_CLUSTER") and not env.get("HAL_EMULATE"):
+            from hal.core.cluster import load_cluster_spec
+            spec = load_cluster_spec(env["HAL_CLUSTER"])
+        local = ranks_on_node(nproc, node, spec)
+        if node.node_rank == 0:
+            lock = RunLock(cfg.run_dir).acquire()  # one job per run folder, held for the job's life
+        launch = (node, local, env, source, chips, lock)
+    except HalError as exc:
+        if not node.multi:
+            raise
+        problem = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    if node.multi:
         try:
-            code = measure(args, cfg, run)
-        except HalError as exc:
-            return fail("hal train --measure-parts", exc)
-        if code != 0:
-            return code
+            agree(node, problem, args.node_timeout)
+        except HalError:
+            if lock is not None:
+                lock.release()
+            raise
+    elif launch is not None and _finished(cfg):
+        lock.release()
+        return None
+    return launch
+def _launch(cfg, args: argparse.Namespace, node, nproc: int, env: dict, source: str, chips) -> int:
+    """torchrun for this node's ranks (the static rendezvous on the endpoint on several nodes), the
+    ranks' stderr in this launch's own log (`ranks_log`), torchrun's log folder inside the run folder
+    (removed when it holds no file); the ranks end with this process (hal.launch.watchdog)."""
+    from hal.launch.check import run_ranks
     from hal.testing import free_port  # the one free-port helper (hal.testing exports it)
+    where = node.torchrun_args() if node.multi else ["--nnodes", "1", "--master-addr", "127.0.0.1",
+                                                     "--master-port", str(free_port())]
+    elastic_dir = cfg.run_dir / "torchelastic"
     # hal.launch.rank_entry runs hal.trainer.loop and reports an uncaught error as one line for run_ranks
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-           "--max-restarts", str(getattr(args, "max_restarts", 0)),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "hal.launch.rank_entry",
-           "-m", "hal.trainer.loop", "--config", os.path.abspath(args.config)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *where, "--nproc-per-node", str(nproc),
+           "--max-restarts", str(getattr(args, "max_restarts", 0)), "--log-dir", str(elastic_dir),
+           "-m", "hal.launch.rank_entry", "-m", "hal.trainer.loop", "--config", os.path.abspath(args.config)]
     for k in _OVERRIDES:
         v = getattr(args, k, None)
         if v is not None:
             cmd += [f"--{k.replace('_', '-')}", str(os.path.abspath(v) if k == "run_dir" else v)]
+    env = {**env, "HAL_LAUNCHER_PID": str(os.getpid())}
     emulated = all(e for _, e in chips)
-    print(f"hal train: launching {nproc} ranks on this machine through torchrun, chips {source}"
+    on = (f"node {node.node_rank} of {node.nnodes} (endpoint {node.addr}:{node.port}, {node.source})"
+          if node.multi else "this machine")
+    print(f"hal train: launching {nproc} ranks on {on} through torchrun, chips {source}"
           + (": every chip EMULATED on this host's CPU" if emulated else ""), flush=True)
     t0 = time.perf_counter()
-    code = run_ranks("hal train", cmd, env, log=str(cfg.run_dir / "ranks.log"))
+    try:
+        code = run_ranks("hal train", cmd, env, log=str(ranks_log(cfg.run_dir)))
+    finally:
+        _remove_empty(elastic_dir)
     print(f"hal train: {'done' if code == 0 else f'FAILED (exit code {code})'} in {time.perf_counter() - t0:.0f} s")
     return code
+
+
+def ranks_log(run_dir) -> "os.PathLike":
+    """This launch's log of the ranks' stderr: ranks.log for the first launch in the folder, then
+    ranks.1.log, ranks.2.log, ... (a log is never overwritten by a later launch)."""
+    from pathlib import Path
+    n = 0
+    while True:
+        p = Path(run_dir) / ("ranks.log" if n == 0 else f"ranks.{n}.log")
+        if not p.exists():
+            return p
+        n += 1
+
+
+def _remove_empty(folder) -> None:
+    """Remove torchrun's log folder when it holds no file (torchrun leaves empty per-attempt folders)."""
+    import shutil
+    if os.path.isdir(folder) and not any(files for _, _, files in os.walk(folder)):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _finished(cfg) -> bool:

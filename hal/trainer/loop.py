@@ -45,9 +45,13 @@ def exit_failed(exc: BaseException) -> None:
 
 
 def run_rank(cfg: TrainConfig) -> int:
-    """One rank's run with the console set up; under torchrun a failure ends the rank at once."""
+    """One rank's run with the config's chips and timing applied to this process (the launcher's
+    environment alone decides nothing: hal.trainer.args.config_env) and the console set up; under
+    torchrun a failure ends the rank at once."""
+    from .args import apply_config_env
     from .console import setup_console
     from .elastic import under_torchrun
+    apply_config_env(cfg)
     setup_console()
     try:
         train(cfg)
