@@ -127,6 +127,9 @@ class Trainer:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.accelerator = hal.accelerator()
         self.book = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.timeout_s))  # bookkeeping
+        if cfg.checkpoint.enabled:  # several nodes: every node sees rank 0's checkpoint folder (bounded wait)
+            from hal.launch.nodes import check_shared_dir
+            check_shared_dir(cfg.checkpoint_dir, self.book, min(60.0, cfg.timeout_s))
         self._build_layout()
         self._build_model()
         self.corpus = Corpus.from_config(cfg)
