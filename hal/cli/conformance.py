@@ -21,10 +21,13 @@ from hal.conformance.checks import LEVELS
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin", required=True,
                    help="the plugin under test: an entry-point name of group hal.plugins, or a module path")
-    p.add_argument("--chip", help="which of the plugin's chips (default: its first)")
+    p.add_argument("--chip", help="which of the plugin's chips (default: its first); for an add-on (a plugin that "
+                                  "declares no chip: kernels, wrappers) the chip to certify it on, whose owner "
+                                  "is loaded with it")
     p.add_argument("--emulate", action="store_true", help="run the chip emulated on the CPU (labelled EMULATED)")
-    p.add_argument("--level", default="all",
-                   help=f"comma-separated levels from {', '.join(LEVELS)}, or core / all (default all)")
+    p.add_argument("--level", default=None,
+                   help=f"comma-separated levels from {', '.join(LEVELS)}, or core / all (default all; for an "
+                        f"add-on contract,ops: the chip's other levels certify its owner)")
     p.add_argument("-k", "--select", action="append", default=None, metavar="PATTERN",
                    help="run only checks whose id matches this glob or substring (repeatable)")
     p.add_argument("--nproc", type=int, default=None,
@@ -67,12 +70,23 @@ def _check_flags(args: argparse.Namespace) -> dict:
     return out
 
 
+def _addon_levels(target, level_flag, levels: list) -> list:
+    """An add-on runs contract and ops unless --level says otherwise: the chip's other levels certify
+    its owner, which is tested on its own."""
+    if not target.is_addon or level_flag is not None:
+        return levels
+    print(f"hal conformance: {target.plugin_name} is an add-on (declares no chip): levels contract,ops on chip "
+          f"{target.chip} with its owner {target.owner} loaded (the chip's own levels certify the owner: "
+          f"hal conformance --plugin {target.owner}; --level runs others on the pair)", flush=True)
+    return ["contract", "ops"]
+
+
 def run(args: argparse.Namespace) -> int:
     from hal.conformance.checks import parse_levels
     from hal.conformance.suite import discover, run_suite
     from hal.conformance.target import load_target
     try:
-        levels = parse_levels(args.level)
+        levels = parse_levels(args.level or "all")
     except ValueError as exc:
         print(f"hal conformance: error: {exc}", file=sys.stderr)
         return 2
@@ -88,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
                          group_timeout_s=args.timeout)
     if args.nproc is None:
         target.nproc = default_nproc(target)
+    levels = _addon_levels(target, args.level, levels)
     if args.select and not discover(target, levels, args.select):
         return fail("hal conformance", ValueError(
             f"-k {' -k '.join(args.select)}: matches no check in levels {','.join(levels)} "

@@ -13,6 +13,10 @@ Then:
 To make it native, set VENDOR, ADAPTER, DEVICE_TYPE, CCL_BACKEND and CCL_CREATOR at the top of
 hal_NAME/__init__.py (docs/writing-a-plugin.md, "The values you set").
 NAME must be a lowercase identifier (the chip name, e.g. `acme`) that no installed plugin uses.
+
+`hal new-plugin NAME --addon CHIP` writes an add-on instead: a package that declares no chip and
+ships kernels for CHIP (an installed chip, e.g. cpu or cuda) at a priority above its owner's; its test
+certifies it with `hal conformance --plugin hal_NAME --chip CHIP`.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Optional
 
 TEMPLATE_DIR = ("templates", "plugin")
+ADDON_TEMPLATE_DIR = ("templates", "addon")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
@@ -37,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help="chip name: lowercase letters, digits and _ (e.g. acme)")
     p.add_argument("--dir", default=None, metavar="D",
                    help="where to write the package (default ./hal-NAME); must be absent or empty")
+    p.add_argument("--addon", default=None, metavar="CHIP",
+                   help="write a kernel add-on for an installed chip CHIP (declares no chip) instead of a chip plugin")
 
 
 def check_name(name: str, installed_chips: Optional[dict[str, str]] = None) -> None:
@@ -62,16 +69,17 @@ def check_target(target: Path) -> None:
         raise NewPluginError(f"--dir {target}: exists and is not empty; give a new or empty directory")
 
 
-def render(name: str, target: Path) -> list[Path]:
-    """Write the package for chip `name` into `target`; returns the files written."""
+def render(name: str, target: Path, addon: Optional[str] = None) -> list[Path]:
+    """Write the package for chip `name` (or, with `addon`, the add-on `name` for chip `addon`) into
+    `target`; returns the files written."""
     from hal import __version__
     from hal.contract.version import CONTRACT_VERSION
     package = f"hal_{name}"
     tokens = {"@@name@@": name, "@@NAME@@": name.upper(), "@@package@@": package,
               "@@Class@@": "".join(part.capitalize() for part in name.split("_")),
               "@@dist@@": f"hal-{name.replace('_', '-')}", "@@hal_version@@": __version__,
-              "@@contract@@": CONTRACT_VERSION}
-    root = resources.files("hal").joinpath(*TEMPLATE_DIR)
+              "@@contract@@": CONTRACT_VERSION, "@@chip@@": addon or name}
+    root = resources.files("hal").joinpath(*(ADDON_TEMPLATE_DIR if addon else TEMPLATE_DIR))
     written: list[Path] = []
 
     def walk(node, rel: tuple[str, ...]) -> None:
@@ -103,13 +111,24 @@ def _installed_chips() -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     target = Path(args.dir if args.dir else f"hal-{args.name.replace('_', '-')}").resolve()
+    installed = _installed_chips()
     try:
-        check_name(args.name, _installed_chips())
+        check_name(args.name, installed)
         check_target(target)
-        files = render(args.name, target)
+        if args.addon is not None and args.addon not in installed:
+            raise NewPluginError(f"--addon {args.addon!r}: no installed plugin declares chip {args.addon!r} "
+                                 f"(installed chips: {sorted(installed)})")
+        files = render(args.name, target, addon=args.addon)
     except NewPluginError as exc:
         print(f"hal new-plugin: error: {exc}", file=sys.stderr)
         return 2
+    if args.addon is not None:
+        print(f"wrote add-on package {args.name!r} (kernels for chip {args.addon!r}) in {target}:")
+        for f in files:
+            print(f"  {f.relative_to(target)}")
+        print(f"next:\n  pip install -e '{target}[test]'\n  hal conformance --plugin hal_{args.name} "
+              f"--chip {args.addon} [--emulate]\n  pytest {target / 'tests'}")
+        return 0
     print(f"wrote plugin package for chip {args.name!r} in {target}:")
     for f in files:
         print(f"  {f.relative_to(target)}")

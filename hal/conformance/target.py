@@ -27,6 +27,7 @@ class WorkerSpec:
     seed: int = 1234
     group_timeout_s: float = 60.0
     chips: tuple[str, ...] = ()
+    addon: str = ""                  # the add-on under test (a plugin that declares no chip), if any
 
     def chip_for(self, rank: int) -> str:
         return self.chips[rank] if self.chips else self.chip
@@ -46,6 +47,17 @@ class Target:
     native_available: bool = False
     group_timeout_s: float = 60.0
     seed: int = 1234
+    # An add-on under test (declares no chip: kernels, wrappers): the owner of `chip` is loaded with it,
+    # `owner` names that plugin (importable module) and `plugins` is what every worker loads.
+    owner: Optional[str] = None
+
+    @property
+    def is_addon(self) -> bool:
+        return self.owner is not None
+
+    @property
+    def plugins(self) -> tuple[str, ...]:
+        return (self.owner, self.plugin) if self.owner else (self.plugin,)
 
     @property
     def plugin_name(self) -> str:
@@ -62,8 +74,8 @@ class Target:
         return tuple(sorted({w for w in (2, 3, 4, self.nproc) if 2 <= w <= self.nproc}))
 
     def spec(self) -> WorkerSpec:
-        return WorkerSpec(plugins=(self.plugin,), chip=self.chip, emulated=self.emulated, seed=self.seed,
-                          group_timeout_s=self.group_timeout_s)
+        return WorkerSpec(plugins=self.plugins, chip=self.chip, emulated=self.emulated, seed=self.seed,
+                          group_timeout_s=self.group_timeout_s, addon=self.plugin_name if self.owner else "")
 
     def overrides(self) -> dict[str, list[str]]:
         """op -> kernels this plugin offers for its chip (as bound: emulated or native), best first."""
@@ -72,6 +84,16 @@ class Target:
         out: dict[str, list[str]] = {}
         for k in self.pm.op_kernels(self.chip, self.emulated):
             out.setdefault(k.op, []).append(k.describe())
+        return out
+
+    def addon_kernels(self) -> dict[str, list[str]]:
+        """op -> kernels the add-on under test offers for `chip` (empty for a chip's own plugin)."""
+        if not self.owner or self.pm is None:
+            return {}
+        out: dict[str, list[str]] = {}
+        for k in self.pm.op_kernels(self.chip, self.emulated):
+            if k.plugin == self.plugin_name:
+                out.setdefault(k.op, []).append(k.describe())
         return out
 
     def capabilities(self) -> Any:
@@ -100,14 +122,17 @@ def default_nproc(target: "Target") -> int:
         return 2
 
 
-def load_plugin(plugin: str) -> tuple[PluginManager, Optional[PluginRecord], Optional[str]]:
-    """A fresh manager holding only `plugin`; (manager, record, None) or (manager, None, error).
-    Bounded: an import or registration hook that never returns is reported, not waited for."""
+def load_plugin(plugin: str,
+                owner: Optional[str] = None) -> tuple[PluginManager, Optional[PluginRecord], Optional[str]]:
+    """A fresh manager holding only `plugin` (after `owner`, the owner of the chip an add-on is
+    tested on); (manager, record of `plugin`, None) or (manager, None, error). Bounded: an import
+    or registration hook that never returns is reported, not waited for."""
     from .bounds import LOAD_TIMEOUT_S, Hung, call_bounded
     pm = PluginManager()
+    names = f"{owner},{plugin}" if owner else plugin
     try:
-        call_bounded(lambda: pm.load_entry_points(env={"HAL_PLUGINS": plugin}), LOAD_TIMEOUT_S,
-                     f"loading plugin {plugin!r} (its import and registration hooks)")
+        call_bounded(lambda: pm.load_entry_points(env={"HAL_PLUGINS": names}), LOAD_TIMEOUT_S,
+                     f"loading plugin {names!r} (its import and registration hooks)")
     except Hung as exc:
         return PluginManager(), None, f"Hung: {exc}"
     except HalError as exc:
@@ -116,7 +141,41 @@ def load_plugin(plugin: str) -> tuple[PluginManager, Optional[PluginRecord], Opt
         return pm, None, f"{type(exc).__name__}: {exc}"
     if not pm.plugins:
         return pm, None, f"HAL_PLUGINS={plugin!r} registered no plugin"
-    return pm, next(iter(pm.plugins.values())), None
+    return pm, list(pm.plugins.values())[-1], None
+
+
+def chip_owners() -> dict[str, str]:
+    """chip -> importable module of the installed plugin that declares it (entry points of group
+    hal.plugins; a plugin that fails to load is left out here and reported when tested itself)."""
+    from importlib import metadata
+
+    from .bounds import LOAD_TIMEOUT_S, Hung, call_bounded
+    owners: dict[str, str] = {}
+    for ep in sorted(metadata.entry_points(group="hal.plugins"), key=lambda e: e.name):
+        pm = PluginManager()
+        try:
+            call_bounded(lambda: pm.load_entry_points(env={"HAL_PLUGINS": ep.name}), LOAD_TIMEOUT_S,
+                         f"loading plugin {ep.name!r}")
+        except (Hung, Exception):
+            continue
+        for rec in pm.plugins.values():
+            for chip in rec.chips:
+                owners.setdefault(chip, getattr(rec.module, "__name__", ep.name))
+    return owners
+
+
+def _addon_owner(record: PluginRecord, chip: Optional[str]) -> str:
+    """The plugin to load under an add-on (a plugin that declares no chip) tested on `chip`."""
+    owners = chip_owners()
+    listing = ", ".join(f"{c} ({m})" for c, m in sorted(owners.items())) or "none"
+    if chip is None:
+        raise UnknownChipError(f"plugin {record.name!r} declares no chip (an add-on: kernels or wrappers for "
+                               f"other plugins' chips); name the chip to certify it on with --chip "
+                               f"(installed chips: {listing})")
+    if chip not in owners:
+        raise UnknownChipError(f"--chip {chip!r}: no installed plugin declares it, so add-on {record.name!r} "
+                               f"cannot be tested on it (installed chips: {listing})")
+    return owners[chip]
 
 
 def load_target(plugin: str, chip: Optional[str] = None, emulate: bool = False, nproc: int = 2,
@@ -131,10 +190,14 @@ def load_target(plugin: str, chip: Optional[str] = None, emulate: bool = False, 
     if record is None:
         return Target(plugin=plugin, chip=chip or plugin.rsplit(".", 1)[-1], emulated=emulate, nproc=nproc,
                       pm=pm, load_error=error, group_timeout_s=group_timeout_s)
+    owner = None
+    if not record.chips:  # an add-on: test it on top of the chip's owner, as it runs in a real install
+        owner = _addon_owner(record, chip)
+        pm, record, error = load_plugin(plugin, owner=owner)
+        if record is None:
+            return Target(plugin=plugin, chip=chip or "?", emulated=emulate, nproc=nproc, pm=pm, load_error=error,
+                          group_timeout_s=group_timeout_s, owner=owner)
     if chip is None:
-        if not record.chips:
-            raise UnknownChipError(f"plugin {record.name!r} declares no chip (an op-kernel-only plugin); "
-                                   f"name the chip its kernels are for with --chip")
         chip = record.chips[0]
     elif chip not in pm.chips:
         raise UnknownChipError(f"plugin {record.name!r} does not declare chip {chip!r}; it declares "
@@ -152,7 +215,7 @@ def load_target(plugin: str, chip: Optional[str] = None, emulate: bool = False, 
         raise ChipUnavailableError(f"chip {chip!r} (plugin {record.name!r}) is not natively available on "
                                    f"this machine; run it emulated with --emulate")
     return Target(plugin=plugin, chip=chip, emulated=emulate, nproc=nproc, pm=pm, record=record,
-                  native_available=native, group_timeout_s=group_timeout_s)
+                  native_available=native, group_timeout_s=group_timeout_s, owner=owner)
 
 
 @dataclass

@@ -271,4 +271,10 @@ _CHECKS = [
 
 
 def discover(target) -> list[Check]:
-    return [Check(f"contract.{name}", "contract", doc, fn, where="local") for name, doc, fn in _CHECKS]
+    checks = [Check(f"contract.{name}", "contract", doc, fn, where="local") for name, doc, fn in _CHECKS]
+    if getattr(target, "is_addon", False):
+        from .addon import check_addon_effect
+        checks.append(Check("contract.addon_effect", "contract", "an add-on: what it changes on the chip (kernels "
+                            "dispatched, wrapped hook answers) against the chip's owner alone", check_addon_effect,
+                            where="local"))
+    return checks

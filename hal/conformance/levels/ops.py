@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 from ..checks import Check, CheckFailed, CheckNotApplicable, Passed
 from ..target import Target
+from .addon import addon_kernel
 from .ops_refusals import check_refusals
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -29,7 +30,7 @@ def _cases(op: str, dtype, seed: int, large: bool):
     return cases(op, dtype, seed) + edge_cases(op, dtype, seed, large=large)
 
 
-def check_op(ctx, op: str, dtype_name: str, reference: bool) -> Passed:
+def check_op(ctx, op: str, dtype_name: str, reference: bool, addon: bool = False) -> Passed:
     import torch
     from hal.ops.reference import KERNELS
 
@@ -39,7 +40,7 @@ def check_op(ctx, op: str, dtype_name: str, reference: bool) -> Passed:
     if reference:
         fn, label = KERNELS[op], f"hal reference on {ctx.device}"
     else:
-        kernel = ctx.acc.kernels[op]
+        kernel = addon_kernel(ctx, op) if addon else ctx.acc.kernels[op]
         fn, label = kernel.fn, kernel.describe()
     results = [check_case(fn, case, label, ctx.device) for case in _cases(op, dtype, ctx.spec.seed, True)]
     bad = [r for r in results if not r.ok]
@@ -159,4 +160,19 @@ def discover(target: Target) -> list[Check]:
                             f"{op} on inputs the HAL reference refuses (raises) or answers with NaN/inf: the kernel "
                             f"raises where it raises, matches where it returns (ops_refusals.py)",
                             check_refusals, (op,)))
+    return checks + _addon_checks(target)
+
+
+def _addon_checks(target: Target) -> list[Check]:
+    """For an add-on under test: every case and refusal rule again on each kernel the add-on ships,
+    run directly (`ops.<op>.*` above check what the chip dispatches with the add-on installed)."""
+    checks = []
+    for op, kernels in target.addon_kernels().items():
+        for d in DTYPES:
+            checks.append(Check(f"ops.addon.{op}.{d}", "ops",
+                                f"the add-on's own {op} kernel ({kernels[0]}) in {d} vs the float64 golden",
+                                check_op, (op, d, False, True)))
+        checks.append(Check(f"ops.addon.refusals.{op}", "ops",
+                            f"the add-on's own {op} kernel on the refusal table (ops_refusals.py)",
+                            check_refusals, (op, True)))
     return checks

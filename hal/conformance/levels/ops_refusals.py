@@ -238,9 +238,13 @@ def verdict(fn: Callable, op: str, case: Refusal, dev) -> Optional[str]:
     return _mismatch(outs, refs, op)
 
 
-def check_refusals(ctx, op: str):
+def check_refusals(ctx, op: str, addon: bool = False):
     from ..checks import CheckFailed, Passed
-    kernel = ctx.acc.kernels[op]
+    if addon:
+        from .addon import addon_kernel
+        kernel = addon_kernel(ctx, op)
+    else:
+        kernel = ctx.acc.kernels[op]
     cases = REFUSALS[op]
     bad = [(c.name, why) for c in cases if (why := verdict(kernel.fn, op, c, ctx.device)) is not None]
     if bad:
