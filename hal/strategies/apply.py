@@ -4,8 +4,9 @@ parallel inside each replica, expert parallel over each stage's DP group - and h
 what it needs: this rank's stage module(s), the parameters for its optimizer, and `step(inputs,
 targets)` that runs forward and backward of this rank's share of one global batch.
 
-    model = build_model(cfg, seed)                      # the same full model on every rank
-    run = apply_plan(model, plan)                       # collective: every rank of the world calls it
+    model = build_model(cfg, seed, device="meta")       # parameters on the meta device: no storage
+    run = apply_plan(model, plan,                       # collective: every rank of the world calls it
+                     materialize=lambda m: materialize(m, seed))   # fill only what this rank keeps
     opt = torch.optim.AdamW(run.parameters(), lr=3e-4)
     for inputs, targets in batches:                     # the whole global batch (rows = plan.global_batch)
         loss = run.step(inputs, targets)                # global mean loss, the same on every rank
@@ -16,6 +17,15 @@ cross-entropy divided by the GLOBAL count of target tokens (computed from the gl
 is given), MoE aux losses are added the same way, and gradients are SUM-reduced over DP replicas with
 no averaging anywhere; so one step on any plan equals one step of the single-process model on the same
 global batch with a mean loss (tests/test_strategies_composed.py holds this).
+
+Meta-device construction (issue 23): per stage, StageModule keeps the stage's layers of the (meta)
+model, TP and EP keep this rank's shards and experts, then the `materialize` hook allocates and fills
+what is left (before DDP, which broadcasts real tensors; after FSDP2, so only this rank's shard is ever
+allocated). A model already on a real device passes through unchanged.
+
+Precision (hal.strategies.precision): each stage's forward runs under the rank's autocast and hands
+float32 activations on; FSDP2 stages take the DP group's MixedPrecisionPolicy (float32 reduction); a
+loss scale (`set_loss_scale`) multiplies the loss and the MoE aux gradient.
 """
 from __future__ import annotations
 
@@ -59,8 +69,12 @@ class StageModule(nn.Module):
     the global block index, `norm`, `head`), so `named_parameters()` gives the full model's names."""
 
     def __init__(self, model: nn.Module, layers: tuple[int, int], first: bool, last: bool,
-                 recompute: str = "none", aux_coef: float = 0.0, aux_scale: float = 1.0) -> None:
+                 recompute: str = "none", aux_coef: float = 0.0, aux_scale: float = 1.0,
+                 precision: Any = None, device_type: str = "cpu") -> None:
         super().__init__()
+        self.precision, self.device_type = precision, device_type
+        self.grad_scale = 1.0  # the loss scale: the aux loss's gradient carries it too
+        self.wire_dtype = next(model.parameters()).dtype  # activations leave a stage in the model's dtype
         self.cfg = getattr(model, "cfg", None)  # sizes, for the strategies' own checks (TP's seq % tp)
         self.embed = model.embed if first else None
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in range(*layers)})
@@ -73,6 +87,12 @@ class StageModule(nn.Module):
         self.register_buffer("rope_sin", model.rope_sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.precision is None:
+            return self._forward(x)
+        with self.precision.autocast(self.device_type):
+            return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
             x = self.embed(x)
         rope = (self.rope_cos, self.rope_sin)
@@ -84,6 +104,8 @@ class StageModule(nn.Module):
         if self.head is not None:
             x = self.head(x)
         x = _to_wire(x)
+        if x.is_floating_point() and x.dtype != self.wire_dtype:
+            x = x.to(self.wire_dtype)  # 16-bit compute, float32 between stages (and into the loss)
         aux = self.aux_loss()
         return x if aux is None else _AttachAux.apply(x, aux)
 
@@ -96,7 +118,7 @@ class StageModule(nn.Module):
         shares = [m.aux_loss for m in self.modules() if isinstance(m, MoE) and m.aux_loss is not None]
         if not shares:
             return None
-        return self.aux_coef * self.aux_scale * torch.stack([s.float() for s in shares]).sum()
+        return self.aux_coef * self.aux_scale * self.grad_scale * torch.stack([s.float() for s in shares]).sum()
 
 
 class TokenLoss:
@@ -106,9 +128,11 @@ class TokenLoss:
     def __init__(self, ignore_index: int = IGNORE_INDEX) -> None:
         self.ignore_index = ignore_index
         self.denominator = 1.0
+        self.scale = 1.0  # dynamic loss scale (float16 ranks); AppliedPlan.step divides it back out
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return lm_loss_sum(logits, targets, self.ignore_index) / self.denominator
+        loss = lm_loss_sum(logits, targets, self.ignore_index) / self.denominator
+        return loss if self.scale == 1.0 else loss * self.scale
 
 
 class AppliedPlan:
@@ -122,6 +146,15 @@ class AppliedPlan:
     @property
     def active(self) -> bool:
         return bool(self.modules)
+
+    def set_loss_scale(self, scale: float) -> None:
+        """Multiply every following step's loss (and MoE aux gradient) by `scale`; `step` still returns
+        the unscaled loss; the caller unscales the gradients (hal.strategies.precision.LossScaler)."""
+        self.loss.scale = float(scale)
+        for m in self.modules.values():
+            inner = getattr(m, "module", m)
+            if isinstance(inner, StageModule):
+                inner.grad_scale = float(scale)
 
     def parameters(self) -> list[nn.Parameter]:
         """This rank's parameters (local shards under FSDP/TP), each once: give these to the optimizer."""
@@ -155,7 +188,7 @@ class AppliedPlan:
             last = max(self.modules)
             ins = self._rows(inputs, first) if first == 0 else [None] * self.plan.num_microbatches
             tgs = self._rows(targets, last) if last == self.mesh.num_stages - 1 else [None] * len(ins)
-            share = self.runtime.step(ins, tgs)
+            share = self.runtime.step(ins, tgs) / self.loss.scale
             self._grad_sync()
             if self.mesh.role(last).tp_index != 0 or last != self.mesh.num_stages - 1:
                 share = torch.zeros((), dtype=torch.float32)  # count each replica's loss once
@@ -205,12 +238,15 @@ def _sum_grads(modules: dict[int, nn.Module], mesh: HeteroMesh, skip: set[int]) 
 
 def apply_plan(model: nn.Module, plan: Any, topology: Any = None, *, runtime: str = "auto",
                timeout: Optional[timedelta] = None, device: Optional[torch.device] = None,
-               model_cfg: Any = None) -> AppliedPlan:
+               model_cfg: Any = None, materialize: Optional[Callable[[nn.Module], Any]] = None,
+               precision: Any = None) -> AppliedPlan:
     """Lay `model` out as `plan` says on this rank (collective over the world: every rank calls it,
     also ranks the plan leaves idle). `topology` (hal.core.topology.Topology) and `model_cfg` are used to
     run `plan.check` when given. `runtime`: "hetero" (HeteroPipeline, any layout, 1F1B/GPipe),
     "torch" (torch.distributed.pipelining schedules; needs equal chains), "auto" (torch for the
-    interleaved and zero-bubble schedules, hetero otherwise)."""
+    interleaved and zero-bubble schedules, hetero otherwise). `materialize(stage_module)`: fills the
+    meta parameters this rank keeps (hal.strategies.models.init.materialize, or a checkpoint loader);
+    needed when `model` is on the meta device. `precision`: a hal.strategies.precision.Precision."""
     if runtime not in ("auto", "hetero", "torch"):
         raise PipelineError(f"apply_plan: runtime={runtime!r}; expected auto, hetero or torch")
     if topology is not None and model_cfg is not None:
@@ -237,13 +273,19 @@ def apply_plan(model: nn.Module, plan: Any, topology: Any = None, *, runtime: st
     for role in mesh.roles:
         s = role.stage
         st = plan.stages[s]
-        mod = StageModule(model, tuple(st.layers), s == 0, s == S - 1, st.recompute, aux_coef, 1.0 / M)
+        mod = StageModule(model, tuple(st.layers), s == 0, s == S - 1, st.recompute, aux_coef, 1.0 / M,
+                          precision, mesh.device_type)
         grid = mesh.grids[s]
         if grid.tp > 1:
             _apply_tp(mod, mesh, s, plan.zero, topology)
         if grid.experts is not None:
             expert_ids |= _apply_ep(mod, mesh, s)
-        modules[s] = _apply_dp(mod, plan.zero, mesh, s, grid.experts is not None, ddp=not use_torch)
+        if plan.zero == 0:  # DDP broadcasts real tensors: materialise first
+            _materialize(mod, materialize, mesh.rank, s)
+        modules[s] = _apply_dp(mod, plan.zero, mesh, s, grid.experts is not None, ddp=not use_torch,
+                               precision=precision)
+        if plan.zero:  # FSDP2 sharded the meta parameters: allocate only this rank's shards
+            _materialize(modules[s], materialize, mesh.rank, s)
     loss = TokenLoss()
     feature = (cfg.seq, getattr(cfg, "hidden", None) or cfg.dim) if cfg is not None else None
     if not modules:
@@ -266,6 +308,21 @@ def apply_plan(model: nn.Module, plan: Any, topology: Any = None, *, runtime: st
             if mesh.grids[s].experts is not None:
                 reduce_expert_grads(getattr(m, "module", m), mesh.expert_dp_group(s))
     return AppliedPlan(mesh, modules, rt, loss, plan, grad_sync)
+
+
+def _materialize(mod: nn.Module, hook: Optional[Callable[[nn.Module], Any]], rank: int, s: int) -> None:
+    """Run the `materialize` hook on a stage whose parameters (some) are on the meta device; refuse a
+    stage left with meta parameters (no hook, or a hook that missed some)."""
+    from hal.strategies.models.init import meta_names
+    if not meta_names(mod):
+        return
+    if hook is not None:
+        hook(mod)
+    left = meta_names(mod)
+    if left:
+        raise PipelineError(f"rank {rank} stage {s}: parameters {left[:4]}{' ...' if len(left) > 4 else ''} "
+                            f"are on the meta device after apply_plan's materialize step "
+                            f"({'no materialize hook given' if hook is None else 'the hook left them'})")
 
 
 def _examples(mesh: HeteroMesh, s: int, cfg: Any, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -319,14 +376,15 @@ def _apply_ep(mod: StageModule, mesh: HeteroMesh, s: int) -> set[int]:
 
 
 def _apply_dp(mod: StageModule, zero: int, mesh: HeteroMesh, s: int, has_experts: bool,
-              ddp: bool = True) -> nn.Module:
+              ddp: bool = True, precision: Any = None) -> nn.Module:
     """H2's data parallel for one stage over its DP group, gradients SUMMED (no averaging):
     zero 0 -> DDP (wrap_ddp, sum_gradients) where DDP can take the parameters (not TP DTensors; a
     TP stage, or a 1-replica stage, stays plain and `_sum_grads` reduces it after the step);
     zero 2/3 -> FSDP2 (shard_fsdp2; each block one unit). Expert parameters are left out of both.
     `ddp=False` (torch's schedules): torch 2.13's zero-bubble schedules compute weight gradients with
     autograd.grad (pipelining/_backward.py, stage_backward_weight), which DDP's reducer hooks do not
-    see, so replicas diverged; there the stage stays plain and `_sum_grads` reduces after the step."""
+    see, so replicas diverged; there the stage stays plain and `_sum_grads` reduces after the step.
+    `precision`: FSDP2 takes its MixedPrecisionPolicy for the stage's DP ranks (float32 reduce-scatter)."""
     from hal.strategies.data_parallel import wrap_ddp
     from hal.strategies.sharded_data_parallel import disable_gradient_division, shard_fsdp2
     grid = mesh.grids[s]
@@ -343,13 +401,14 @@ def _apply_dp(mod: StageModule, zero: int, mesh: HeteroMesh, s: int, has_experts
     else:
         from torch.distributed.device_mesh import DeviceMesh
         dmesh = DeviceMesh.from_group(group, mesh.device_type)
+    mp = {} if precision is None else {"mp_policy": precision.fsdp_policy(grid.all_ranks)}
     if not has_experts:
-        return shard_fsdp2(mod, mod.blocks.values(), dmesh, zero=zero, sum_gradients=True)
+        return shard_fsdp2(mod, mod.blocks.values(), dmesh, zero=zero, sum_gradients=True, **mp)
     from torch.distributed.fsdp import fully_shard
 
     from hal.strategies.expert_parallel import expert_params
     for block in mod.blocks.values():
-        fully_shard(block, mesh=dmesh, reshard_after_forward=zero == 3, ignored_params=expert_params(block))
-    fully_shard(mod, mesh=dmesh, ignored_params=expert_params(mod))
+        fully_shard(block, mesh=dmesh, reshard_after_forward=zero == 3, ignored_params=expert_params(block), **mp)
+    fully_shard(mod, mesh=dmesh, ignored_params=expert_params(mod), **mp)
     disable_gradient_division(mod)
     return mod

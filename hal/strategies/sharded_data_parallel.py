@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 
 def mesh_from_group(group: Optional[dist.ProcessGroup] = None, device_type: str = "cpu") -> DeviceMesh:
@@ -27,16 +27,19 @@ def mesh_from_group(group: Optional[dist.ProcessGroup] = None, device_type: str 
 
 
 def shard_fsdp2(model: nn.Module, units: Iterable[nn.Module], mesh: DeviceMesh, zero: int = 3,
-                sum_gradients: bool = False) -> nn.Module:
+                sum_gradients: bool = False, mp_policy: Optional[MixedPrecisionPolicy] = None) -> nn.Module:
     """fully_shard every module of `units` (e.g. the blocks), then the root; returns the root.
 
     `zero` 3 reshards the units' parameters after forward, 2 keeps them gathered until backward; the
-    root keeps fully_shard's default (FSDP2 does not reshard the root after forward on its own)."""
+    root keeps fully_shard's default (FSDP2 does not reshard the root after forward on its own).
+    `mp_policy`: FSDP2's MixedPrecisionPolicy (hal.strategies.precision.Precision.fsdp_policy); None =
+    float32 throughout. Meta-device parameters are sharded as they are (materialise afterwards)."""
     if zero not in (2, 3):
         raise ValueError(f"shard_fsdp2: zero = {zero!r}; FSDP2 implements ZeRO levels 2 and 3 (0 is DDP)")
+    mp = {} if mp_policy is None else {"mp_policy": mp_policy}
     for unit in units:
-        fully_shard(unit, mesh=mesh, reshard_after_forward=zero == 3)
-    fully_shard(model, mesh=mesh)
+        fully_shard(unit, mesh=mesh, reshard_after_forward=zero == 3, **mp)
+    fully_shard(model, mesh=mesh, **mp)
     if sum_gradients:
         disable_gradient_division(model)
     return model
