@@ -26,11 +26,19 @@ to CPU memory at the call - DefaultStager - then written by a background thread)
 in flight: the next save, the end of the run and `close()` wait for it. The checkpoint is marked complete
 (`.complete`) by rank 0 when its save future resolves: DCP's coordinator (rank 0) writes `.metadata` only
 after gathering every rank's write results, so a run killed mid-save leaves no mark and resumes from the
-previous checkpoint.
+previous checkpoint. Before the mark, rank 0 writes `manifest.json`, the sha256 of every file
+(hal.trainer.integrity); a save refuses a non-finite model (hal.trainer.nonfinite).
+
+Resume takes the newest complete checkpoint that passes its digests (every rank checks a share of its files;
+the verdicts are gathered); one that fails, or that DCP cannot read, is reported in one warning line (path,
+file, reason) and the next older one is tried. A checkpoint this run's layout cannot take (another model
+size) is one `CheckpointError` naming the entries and their shapes, before DCP reads anything.
 """
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -46,7 +54,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from hal.contract.errors import HalError
 
-MARK = ".complete"
+from .integrity import MARK, Problem, verify, write_manifest
+from .nonfinite import check_params_before_save
+
+log = logging.getLogger(__name__)
 META = "meta.json"
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -56,16 +67,26 @@ class CheckpointError(HalError):
     names the checkpoint and the keys."""
 
 
+class UnreadableCheckpoint(CheckpointError):
+    """DCP could not read a checkpoint that passed its digests (resume falls back to an older one)."""
+
+
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 
 
+def complete_steps(root: Path) -> list[int]:
+    """Steps of the complete checkpoints under `root` (`.complete` marker present), newest first."""
+    if not root.is_dir():
+        return []
+    return sorted((int(p.name[5:]) for p in root.glob("step_*") if p.name[5:].isdigit() and (p / MARK).is_file()),
+                  reverse=True)
+
+
 def latest(root: Path) -> Optional[int]:
     """The step of the newest complete checkpoint under `root`, None when there is none."""
-    if not root.is_dir():
-        return None
-    steps = [int(p.name[5:]) for p in root.glob("step_*") if (p / MARK).is_file() and p.name[5:].isdigit()]
-    return max(steps) if steps else None
+    steps = complete_steps(root)
+    return steps[0] if steps else None
 
 
 def read_meta(root: Path, step: int) -> dict:
@@ -105,6 +126,7 @@ class Resumed:
     saved_plan: Optional[dict]
     load_s: float
     meta: dict = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # newer checkpoints not trusted: "path (file: reason)"
 
 
 class Checkpointer:
@@ -122,6 +144,7 @@ class Checkpointer:
         self.parts = _Parts(run.modules) if run.modules else None
         self._pending: Optional[Future] = None
         self._pending_step: Optional[int] = None
+        self._mark_lock = threading.Lock()  # the async done-callback and wait() may both complete a save
         self.saved: list[dict] = []  # step, blocking seconds (what the loop waited), async or not
 
     # ---- state ---------------------------------------------------------------------------------
@@ -150,17 +173,19 @@ class Checkpointer:
                 "chips": [{"rank": c["rank"], "chip": c["chip"], "emulated": c["emulated"]} for c in self.chips],
                 "attempt": self.attempt, "time": time.time()}, indent=1) + "\n")
         dist.barrier(group=self.group)
+        check_params_before_save(list(self.parts.named_parameters()) if self.parts is not None else [], step,
+                                 self.group)
         state = self._state()
         state["step"] = torch.tensor(step)
         if self.use_async and not final:
             fut = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group)
             if self.rank == 0:
-                fut.add_done_callback(lambda f, p=path, s=step: _mark(f, p, s))
+                fut.add_done_callback(lambda f, p=path, s=step: f.exception() is None and self._complete(p, s))
             self._pending, self._pending_step = fut, step
         else:
             dcp.save(state, checkpoint_id=str(path), process_group=self.group)
             if self.rank == 0:
-                (path / MARK).write_text(f"{step}\n")
+                self._complete(path, step)
             dist.barrier(group=self.group)
         self.saved.append({"step": step, "blocking_s": time.perf_counter() - t0,
                            "async": bool(self.use_async and not final)})
@@ -171,19 +196,76 @@ class Checkpointer:
         if self._pending is not None:
             fut, self._pending = self._pending, None
             fut.result()
-            if self.rank == 0:  # the done-callback wrote the mark; make sure it is there before going on
-                (step_dir(self.root, self._pending_step) / MARK).write_text(f"{self._pending_step}\n")
+            if self.rank == 0:  # the done-callback completes it; make sure it has before going on
+                self._complete(step_dir(self.root, self._pending_step), self._pending_step)
+
+    def _complete(self, path: Path, step: int) -> None:
+        """rank 0, once DCP's coordinator has written `.metadata` after every rank's data: the manifest
+        (every file's sha256), then the `.complete` mark (once, whichever thread comes first)."""
+        with self._mark_lock:
+            if not (path / MARK).is_file():
+                write_manifest(path)
+                (path / MARK).write_text(f"{step}\n")
 
     def close(self) -> None:
         self.wait()
 
     # ---- load ----------------------------------------------------------------------------------
     def resume(self) -> Optional[Resumed]:
-        """Load the newest complete checkpoint into this run's layout (collective); None when there is none."""
-        found = latest(self.root)
-        return None if found is None else self.load(found)
+        """Load the newest complete checkpoint that passes its digests (and DCP can read) into this run's
+        layout (collective); None when there is none. Each one skipped is one warning line."""
+        skipped: list[str] = []
+        for step in complete_steps(self.root):
+            path = step_dir(self.root, step)
+            problem = self._verified(path)
+            if problem is None:
+                try:
+                    resumed = self.load(step)
+                except UnreadableCheckpoint as exc:
+                    problem = Problem("DCP", str(exc).split(": ", 1)[-1])
+                else:
+                    resumed.skipped = skipped
+                    return resumed
+            skipped.append(f"{path} ({problem})")
+            if self.rank == 0:
+                log.warning(f"hal train: WARNING: checkpoint {path} is not trusted ({problem}); falling back to "
+                            f"the newest older checkpoint that passes its digests")
+        if skipped:
+            raise CheckpointError(f"no checkpoint under {self.root} passes its digests: {'; '.join(skipped)}; "
+                                  f"move them away (or set checkpoint.resume = false) to train from step 0")
+        return None
+
+    def _verified(self, path: Path) -> Optional[Problem]:
+        """Collective: the first problem any rank found in its share of the checkpoint's files."""
+        mine = verify(path, (self.rank, self.world))
+        found: list = [None] * self.world
+        dist.all_gather_object(found, None if mine is None else (mine.file, mine.reason), group=self.group)
+        first = next((f for f in found if f is not None), None)
+        return None if first is None else Problem(*first)
+
+    def _mismatch(self, path: Path, state: dict, stored: dict) -> None:
+        """Collective: a CheckpointError on every rank when any rank's layout needs model entries the
+        checkpoint lacks or holds with another shape (another model config), naming them."""
+        missing = sorted(k for k in state if k.startswith("model.") and k not in stored)
+        shapes = [f"{k} {list(stored[k].size)} in the checkpoint, {list(v.shape)} here" for k, v in state.items()
+                  if isinstance(v, torch.Tensor) and k in stored and hasattr(stored[k], "size")
+                  and tuple(stored[k].size) != tuple(v.shape)]
+        mine = None
+        if missing:
+            mine = (f"rank {self.rank} needs {len(missing)} model entries the checkpoint does not hold, e.g. "
+                    f"{missing[:3]} (a different model config?)")
+        elif shapes:
+            mine = (f"rank {self.rank}: {len(shapes)} entries of another shape (a different model config?), e.g. "
+                    f"{'; '.join(shapes[:3])}")
+        found: list = [None] * self.world
+        dist.all_gather_object(found, mine, group=self.group)
+        first = next((f for f in found if f is not None), None)
+        if first is not None:
+            raise CheckpointError(f"checkpoint {path}: {first}")
 
     def load(self, step: int) -> Resumed:
+        """Load step `step` into this run's layout (collective). CheckpointError when the layout cannot take
+        it; UnreadableCheckpoint when DCP cannot read it."""
         t0 = time.perf_counter()
         path = step_dir(self.root, step)
         meta = read_meta(self.root, step)
@@ -191,16 +273,27 @@ class Checkpointer:
         same = saved_world == self.world and saved_plan == json.loads(self.plan.to_json())
         state = self._state()
         state["step"] = torch.tensor(-1)
-        stored = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
-        missing = sorted(k for k in state if k.startswith("model.") and k not in stored)
-        if missing:
-            raise CheckpointError(f"checkpoint {path}: rank {self.rank} needs {len(missing)} model entries it "
-                                  f"does not hold, e.g. {missing[:3]} (a different model config?)")
+        try:
+            stored = dict(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+        except Exception as exc:  # noqa: BLE001 - whatever the unpickler raised: the file is unreadable
+            stored, unreadable = {}, f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        else:
+            unreadable = None
+        found: list = [None] * self.world
+        dist.all_gather_object(found, unreadable, group=self.group)
+        if any(found):
+            raise UnreadableCheckpoint(f"checkpoint {path}: .metadata: {next(f for f in found if f)}")
+        self._mismatch(path, state, stored)
         rng_key = f"rng.rank{self.rank}"
         # the optimizer may lack entries for parameters that never had a gradient when it was written
         # (an expert no token reached): those keep the fresh state; the RNG only when the layout is unchanged
         want = {k: v for k, v in state.items() if k in stored and (k != rng_key or same)}
-        dcp.load(want, checkpoint_id=str(path), process_group=self.group)
+        try:
+            dcp.load(want, checkpoint_id=str(path), process_group=self.group)
+        except Exception as exc:  # noqa: BLE001 - DCP gathers every rank's failure into one exception
+            text = " ".join(str(exc).split())
+            raise UnreadableCheckpoint(f"checkpoint {path}: DCP cannot read it: {type(exc).__name__}: "
+                                       f"{text[:300]}") from exc
         if self.parts is not None:
             hyper = [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
             model_sd = {k[6:]: v for k, v in want.items() if k.startswith("model.")}
@@ -214,10 +307,3 @@ class Checkpointer:
             torch.set_rng_state(want[rng_key])
         dist.barrier(group=self.group)
         return Resumed(int(want["step"]), path, not same, saved_world, saved_plan, time.perf_counter() - t0, meta)
-
-
-def _mark(fut: Future, path: Path, step: int) -> None:
-    """rank 0, when its async save resolved: DCP's coordinator has written .metadata after every rank's
-    data, so the checkpoint is whole."""
-    if fut.exception() is None:
-        (path / MARK).write_text(f"{step}\n")

@@ -7,6 +7,10 @@ hal.trainer.link_watch) end to end. A real run has no `[debug]` section and this
     action = "kill"
     rank = 1
     step = 3
+    [[debug.faults]]          # rank 0's first gradient becomes NaN after the backward of step 2
+    action = "nan_grad"
+    rank = 0
+    step = 2
     [debug]
     throttle = { 1 = 4.0 }    # rank 1's timed-emulation chip charges every op 4x its profile's time
     link_delay = { 2 = 0.1 }  # rank 2 sleeps 0.1 s before each collective or send it submits
@@ -16,7 +20,9 @@ Faults: each entry fires on `rank` during step `step` (1-based) of the job whose
 hal.ccl_bridge.faults at `point` (default `collective.start`: the rank's next collective of the step):
 `kill` exits the process there (os._exit(17)), `freeze` sleeps `seconds` inside the collective with its
 connections open (the rank's peers then time out, as NCCL's watchdog would). On another backend the rank
-exits or sleeps at the start of the step. An injected fault is recorded (through `record`, the
+exits or sleeps at the start of the step. `nan_grad` fills the rank's first parameter's gradient with
+NaN after the step's backward, before the non-finite check (hal.trainer.nonfinite; not a failure record).
+An injected fault is recorded (through `record`, the
 elastic component's failure record) when it is armed.
 
 Throttle needs timed emulation (a chip clock to slow): without one it is a DebugError. A link delay needs
@@ -58,8 +64,18 @@ class FaultInjector:
     def before_step(self, step: int) -> None:
         """Fire this rank's faults for step `step` (1-based)."""
         for fault in self.faults:
-            if fault.step == step:
+            if fault.step == step and fault.action != "nan_grad":
                 self._fire(fault, step)
+
+    def after_backward(self, step: int, named: list) -> None:
+        """Fire this rank's `nan_grad` faults for step `step` (1-based): its first gradient becomes NaN."""
+        for fault in self.faults:
+            if fault.step == step and fault.action == "nan_grad":
+                name, param = next((n, p) for n, p in named if p.grad is not None)
+                grad = param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad
+                grad.fill_(float("nan"))
+                log.info("hal train: rank %d: injecting NaN into the gradient of %s at step %d (debug.faults, "
+                         "test only)", self.rank, name, step)
 
     def _fire(self, fault, step: int) -> None:
         if self.record is not None:

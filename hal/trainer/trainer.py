@@ -72,6 +72,8 @@ def _plan_from_config(cfg: TrainConfig, topo, model_cfg, group):
             raise TrainConfigError("plan.file", p.file, f"no such file ({path})")
         return Plan.load(path)
     from .autoplan import auto_plan, probe_link, timed_on
+    if group is None:  # before launch (hal/cli/train.py): no ranks to probe or to broadcast to
+        return auto_plan(cfg, topo, model_cfg, None)
     link = probe_link(group) if timed_on() else None  # timed emulation: this host's links, measured
     box: list[Any] = [None]
     if dist.get_rank() == 0:
@@ -95,6 +97,8 @@ def make_plan(cfg: TrainConfig, topo, model_cfg, group):
         raise TrainConfigError("global_batch", cfg.global_batch,
                                f"the plan runs {plan.num_microbatches} micro-batches x {plan.microbatch_size} "
                                f"rows = {plan.global_batch}")
+    from .memory_fit import check_fits  # every plan source, before launch and on the ranks
+    check_fits(plan, topo, model_cfg, cfg.plan.source)
     return plan
 
 
@@ -191,6 +195,8 @@ class Trainer:
         dist.barrier(group=self.book)
         self.elastic = Elastic(cfg.run_dir, self.rank, self.world)
         self.faults = FaultInjector(cfg.debug, self.rank, self.elastic.attempt, cfg.backend, self.elastic.record)
+        from .nonfinite import NonFiniteGuard, named_parameters
+        self.nonfinite, self.named_params = NonFiniteGuard(cfg.train, self.rank, self.book), named_parameters(self.run)
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, self.run, self.optimizer, self.plan, self.chips,
                                          cfg.timeout_s, cfg.checkpoint.async_save,
                                          self.elastic.attempt) if cfg.checkpoint.enabled else None
@@ -236,12 +242,18 @@ class Trainer:
         self.links.begin()
         self.metrics.begin()
         loss = float(self.run.step(inputs, targets))
+        self.faults.after_backward(step + 1, self.named_params)  # test-only [debug] nan_grad
         grad_norm = global_grad_norm(self.run, self.plan, self.rank, self.book)
+        skip = self.nonfinite.check(step + 1, loss, grad_norm, self.named_params)  # stop, or skip on every rank
         if self.optimizer is not None:
-            self.optimizer.step()
+            if not skip:
+                self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.losses.append(loss)
-        return self.metrics.end(step + 1, loss, lr, grad_norm, self.links.issue_s())
+        record = self.metrics.end(step + 1, loss, lr, grad_norm, self.links.issue_s())
+        if self.nonfinite.skipped:
+            record["nonfinite_skipped"] = self.nonfinite.skipped
+        return record
 
     def _after_step(self, record: dict) -> None:
         """The components' turn after a step: slow links, recovery accounting, validation, the record,
@@ -329,7 +341,9 @@ class Trainer:
             "val_losses": self.val_history, "chips": self.chips,
             "checkpoints": self.checkpointer.saved if self.checkpointer is not None else [],
             "resumed": None if r is None else {"step": r.step, "resharded": r.resharded,
-                                               "saved_world": r.saved_world, "load_s": r.load_s}}
+                                               "saved_world": r.saved_world, "load_s": r.load_s,
+                                               "skipped": r.skipped},
+            "nonfinite_skipped": self.nonfinite.skipped}
         if self.rank != 0:
             return summary
         summary.update(self.elastic.finish())  # restarts: steps lost, time to recover
