@@ -1,27 +1,33 @@
 """`hal train --config train.toml`: train one model across a (mixed) cluster as the config says
-(hal.trainer.config). Not under torchrun, it launches itself through torchrun on this machine with one
-rank per rank of the configured cluster (`cluster.emulate`, `cluster.spec`, else HAL_EMULATE /
-HAL_CLUSTER); under torchrun (a real cluster: each node runs torchrun, docs/mixed-cluster.md) it
+(hal.trainer.config). Not under torchrun, it launches torchrun with one rank per rank of the configured
+cluster (`cluster.emulate`, `cluster.spec`, else HAL_EMULATE / HAL_CLUSTER): on this machine, or on
+several nodes with the same command on every node (`--nnodes/--node-rank/--rdzv-endpoint`, Slurm's
+variables under srun, or `cluster.nodes`: hal.launch.nodes; docs/mixed-cluster.md). Under torchrun it
 runs the loop directly.
 
 examples:
   hal train --config examples/train/tiny.toml
   hal train --config examples/train/tiny.toml --steps 100 --run-dir runs/short
   hal train --config examples/train/tiny.toml --plan auto
+  hal train --config /shared/train.toml --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29400   # each node
+  srun --ntasks-per-node=1 hal train --config /shared/train.toml                              # examples/slurm/
 
 Writes <run dir>/metrics.jsonl, summary.json and checkpoints/ (docs/training.md), and the ranks'
-stderr to <run dir>/ranks.log.
+stderr to <run dir>/ranks.log (the next launch in the folder: ranks.1.log, ...).
 
 Before torchrun starts, the config, the overrides, the chips (cluster.emulate / cluster.spec, else
 HAL_EMULATE / HAL_CLUSTER / HAL_CHIP / HAL_PLUGINS), the data paths, the Plan (even / file) on that
-cluster and the run's folders are checked (hal.launch.check); a problem is one line naming the field,
-flag or variable and its value. If a rank fails, the first failing rank's error is printed once, with
-the path of the ranks' log.
+cluster and the run's folders are checked (hal.launch.check), on every node, and the nodes agree (one
+node's problem stops all); a problem is one line naming the field, flag or variable and its value. One
+job per run folder (hal.launch.runlock). If a rank fails, the first failing rank's root cause is printed
+once, with the path of the ranks' log. torchrun and the ranks end with this process, however it ends
+(hal.launch.watchdog).
 
 `hal train` needs rich (progress bar) and matplotlib (plots), the optional [train] extra:
 pip install 'hetero-hal[train]'.
 
-exit codes: 0 trained; 1 a rank failed; 2 bad input or the [train] extra missing (nothing started).
+exit codes: 0 trained; 1 a rank failed; 2 bad input, the run folder held by another job, or the [train]
+extra missing (nothing started); 130 Ctrl-C; 143 SIGTERM.
 """
 from __future__ import annotations
 
