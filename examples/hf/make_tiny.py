@@ -2,7 +2,7 @@
 offline, for examples/train/llama-hf.toml and the HF tests: no download, only `transformers` and
 `tokenizers` (pip install 'hetero-hal[hf]').
 
-    python examples/hf/make_tiny.py                       # -> examples/hf/tiny-llama (vocab 512 BPE)
+    python examples/hf/make_tiny.py                       # -> runs/hf/tiny-llama (vocab 512 BPE)
     python examples/hf/make_tiny.py --out DIR --vocab 256 --no-tokenizer   # byte-level ids, no tokenizer
 
 The tokenizer is a byte-level BPE trained with `tokenizers` on the Python standard library's source
@@ -18,6 +18,7 @@ import sysconfig
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE.parent.parent / "runs" / "hf" / "tiny-llama"  # runs/ is git-ignored
 EOS = "</s>"
 
 
@@ -71,7 +72,7 @@ def make_tiny_llama(out, vocab: int = 512, hidden: int = 64, ffn: int = 176, lay
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=str(HERE / "tiny-llama"), help="output directory (default: %(default)s)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="output directory (default: %(default)s)")
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--ffn", type=int, default=176)
