@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hal.strategies.errors import FieldError, FieldErrorModel, read_toml
 
+from .tokenizer import BYTE_VOCAB  # noqa: F401 - the bytes tokenizer's vocab (one definition there)
 
-BYTE_VOCAB = 256  # every data source is bytes (hal.trainer.data.VOCAB is this)
 MAX_LINK_DELAY_S = 1.0  # debug.link_delay's bound per op, far below a collective's timeout
 # global_batch's upper bound: 2^20 sequences per step, over 100x the largest published pre-training
 # batches (Llama 3 405B: 16M tokens = 2,048 x 8,192); a larger number is a typo, refused before launch
@@ -71,11 +71,21 @@ class ModelSection(_Section):
 
 
 class DataSection(_Section):
-    source: Literal["stdlib", "files"] = "stdlib"
-    paths: list[str] = Field(default_factory=list, description="source = files: text files or directories")
-    glob: str = Field(default="*.py", description="files under each directory (and under the stdlib)")
-    max_bytes: int = Field(default=8 << 20, ge=1024, description="corpus cap (bytes read, in path order)")
-    val_fraction: float = Field(default=0.05, gt=0, lt=1, description="share of files held out for validation")
+    """The corpus and its tokenizer (hal.trainer.data, hal.trainer.tokenizer; docs/training.md "Data")."""
+
+    source: Literal["stdlib", "files", "jsonl", "tokens"] = "stdlib"
+    paths: list[str] = Field(default_factory=list, description="files/jsonl/tokens: files or directories")
+    glob: Optional[str] = Field(default=None, description="files under each directory (and under the stdlib); "
+                                "None: *.py (stdlib, files), *.jsonl, *.bin (token shards)")
+    max_bytes: int = Field(default=8 << 20, ge=1024, description="corpus cap (text bytes read, in path order)")
+    val_fraction: float = Field(default=0.05, gt=0, lt=1, description="share of files (JSONL: documents) held out")
+    tokenizer: Optional[str] = Field(default=None, min_length=1, description="'bytes' (None: the default, vocab "
+                                     "256), a tokenizer.json path, or 'bpe:N' (trained on the corpus, cached)")
+    eos: Optional[str] = Field(default=None, min_length=1, description="the end-of-text token of a tokenizer.json; "
+                               "None: its tokenizer_config.json's eos_token or a well-known one")
+    text_field: str = Field(default="text", min_length=1, description="source = jsonl: each line's text field")
+    cache_dir: Optional[str] = Field(default=None, min_length=1, description="token cache (and bpe:N tokenizers); "
+                                     "None: <log.dir>/data-cache")
 
 
 class OptimizerSection(_Section):
@@ -132,6 +142,23 @@ class LogSection(_Section):
     val_interval: int = Field(default=50, ge=0, description="steps between validation losses; 0 = only at the end")
     val_batches: int = Field(default=2, ge=1, description="global batches in each validation")
     print_interval: int = Field(default=10, ge=1)
+    tensorboard: bool = Field(default=False, description="also write TensorBoard event files to <log.dir>/tensorboard "
+                              "(the tensorboard extra; hal.trainer.sinks)")
+    sinks: list[str] = Field(default_factory=list, description="more metric sinks, 'module:factory' each: "
+                             "factory(run_dir, chips) -> a hal.trainer.sinks.MetricSink")
+
+    @model_validator(mode="after")
+    def _extra(self) -> "LogSection":
+        from .sinks import TENSORBOARD_EXTRA, factory, installed
+        if self.tensorboard and not installed("tensorboard"):
+            raise TrainConfigError("log.tensorboard", True, f"the tensorboard package is not installed: "
+                                   f"pip install 'hetero-hal[{TENSORBOARD_EXTRA}]'")
+        for spec in self.sinks:  # imported now, so a typo stops `hal train` before launch
+            try:
+                factory(spec)
+            except ValueError as exc:
+                raise TrainConfigError("log.sinks", spec, str(exc)) from None
+        return self
 
 
 class SlowNodeSection(_Section):
@@ -231,8 +258,9 @@ class TrainConfig(_Section, FieldErrorModel):
         if self.optimizer.warmup_steps >= self.steps:
             raise TrainConfigError("optimizer.warmup_steps", self.optimizer.warmup_steps,
                                    f"must be below steps = {self.steps}")
-        if self.data.source == "files" and not self.data.paths:
-            raise TrainConfigError("data.paths", self.data.paths, "data.source = 'files' needs at least one path")
+        if self.data.source != "stdlib" and not self.data.paths:
+            raise TrainConfigError("data.paths", self.data.paths,
+                                   f"data.source = {self.data.source!r} needs at least one path")
         return self
 
     # ---- files -------------------------------------------------------------------------------
@@ -282,9 +310,17 @@ class TrainConfig(_Section, FieldErrorModel):
             cfg = ModelConfig(**{**base.model_dump(), **self.model.overrides})
         except ModelConfigError as exc:
             raise TrainConfigError(f"model.overrides.{exc.field}", exc.value, exc.problem) from None
-        if cfg.vocab != BYTE_VOCAB:  # checked here, so `hal train` refuses it before torchrun starts
-            raise TrainConfigError("model.overrides.vocab", cfg.vocab,
-                                   f"byte-level data needs vocab = {BYTE_VOCAB} (set model.overrides.vocab = 256)")
+        from .data import check_data  # the tokenizer's vocab must fit the model's: refused before torchrun starts
+        from .tokenizer import TokenizerError
+        try:
+            need = check_data(self)
+        except (TokenizerError, ValueError) as exc:
+            raise TrainConfigError(getattr(exc, "field", "data"), getattr(exc, "value", self.data.source),
+                                   getattr(exc, "problem", str(exc))) from None
+        if cfg.vocab < need:
+            raise TrainConfigError("data.tokenizer", self.data.tokenizer or "bytes",
+                                   f"the tokenizer's vocab is {need} tokens, the model's vocab = {cfg.vocab}: set "
+                                   f"model.overrides.vocab >= {need}")
         return cfg
 
     def lr_at(self, step: int) -> float:

@@ -1,5 +1,6 @@
 """Per-step metrics of a `hal train` run: what each rank measures, the record rank 0 writes to
-`metrics.jsonl`, the live progress display, and the run's figures for `summary.json`.
+`metrics.jsonl` (and hands to the metric sinks, hal.trainer.sinks: TensorBoard, `[log] sinks`), the live
+progress display, and the run's figures for `summary.json`.
 
 What is MEASURED on every rank, every step (gathered on the bookkeeping gloo group):
   - `step_s`: wall time of the rank's step (forward + backward + gradient sync + grad norm + optimizer);
@@ -248,10 +249,13 @@ class RunMetrics:
         self.slow_logged: set[int] = set()
         self._file = None
         self.display = None
+        self.sinks = None
         if self.rank == 0:
+            from .sinks import Sinks, open_sinks
             cfg.run_dir.mkdir(parents=True, exist_ok=True)
             self._file = open(cfg.run_dir / "metrics.jsonl", "a", encoding="utf-8")
             self.display = Display(cfg.last_step, start, cfg.log.print_interval)
+            self.sinks = Sinks(open_sinks(cfg, self.chips), self.chips)  # TensorBoard and [log] sinks
         self._t_run = time.perf_counter()
 
     # -- per step ---------------------------------------------------------------------------------
@@ -330,11 +334,19 @@ class RunMetrics:
         self.records.append(rec)
         self._file.write(json.dumps(rec) + "\n")
         self._file.flush()
+        self.sinks.write(rec["step"], rec)
         done = rec["step"]
         eta = (self.cfg.last_step - done) * (time.perf_counter() - self._t_run) / max(1, done - self.start)
         self.display.update(rec, eta)
 
+    def write_sinks(self, step: int, rec: dict) -> None:
+        """Rank 0: figures that are not a step record (the final validation loss) to the sinks only."""
+        if self.sinks is not None:
+            self.sinks.write(step, rec)
+
     def close(self) -> None:
+        if self.sinks is not None:
+            self.sinks.close()
         if self.display is not None:
             self.display.close()
         if self._file is not None:

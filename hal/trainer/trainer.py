@@ -7,7 +7,7 @@
 `__init__` joins the process group, gathers the chips that are here (hal.trainer.elastic.live_topology),
 builds the Plan (`even`, a file, or `auto` = the planner's search on rank 0, broadcast), the model
 (hal.strategies.models) from the same seed on every rank, lays it out with
-hal.strategies.apply.apply_plan, and builds torch's AdamW, the byte-level corpus (hal.trainer.data) and
+hal.strategies.apply.apply_plan, and builds torch's AdamW, the corpus and its loader (hal.trainer.data) and
 the components the run is made of:
 
   checkpointer  hal.trainer.checkpoint.Checkpointer - DCP saves every `checkpoint.interval` steps and at
@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from .config import TrainConfig, TrainConfigError
-from .data import VOCAB, Corpus, replica_rows, train_batch, val_batches
+from .data import Loader, load_corpus, load_position, read_rows, replica_rows, save_position, val_batches
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +136,11 @@ class Trainer:
             check_shared_dir(cfg.checkpoint_dir, self.book, min(60.0, cfg.timeout_s))
         self._build_layout()
         self._build_model()
-        self.corpus = Corpus.from_config(cfg)
-        self.val_data = val_batches(self.corpus, cfg.seed, cfg.log.val_batches, cfg.global_batch, self.model_cfg.seq)
+        self.corpus = load_corpus(cfg, self.rank, self.book)  # tokenised once (rank 0, cached), read by every rank
+        rows = read_rows(self.plan, self.rank)  # the rows of each global batch this rank reads (hal.trainer.data)
+        self.loader = Loader(self.corpus, cfg.seed, cfg.global_batch, self.model_cfg.seq, rows)
+        self.val_data = val_batches(self.corpus, cfg.seed, cfg.log.val_batches, cfg.global_batch, self.model_cfg.seq,
+                                    rows)
         self.losses: list[float] = []
         self.val_history: list[tuple[int, float]] = []
         self._step_t0: Optional[float] = None
@@ -202,6 +205,8 @@ class Trainer:
                                          self.elastic.attempt) if cfg.checkpoint.enabled else None
         self.resumed = self.checkpointer.resume() if self.checkpointer is not None and cfg.checkpoint.resume else None
         self.start = self.resumed.step if self.resumed is not None else 0
+        if self.resumed is not None:  # continue on the next unseen sequence (its tokenizer and seq checked)
+            self.loader.resume(load_position(self.resumed.path), self.start)
         if self.rank == 0:
             self.elastic.start(self.start, self.chips, self.plan.to_json(indent=None),
                                bool(self.resumed and self.resumed.resharded))
@@ -220,8 +225,9 @@ class Trainer:
                  f"{sum(p.numel() for p in self.model.parameters()):,} parameters; "
                  f"plan {cfg.plan.source + (' re-planned (replan.json)' if self.weighted else '')}: "
                  f"{self.plan.describe() if hasattr(self.plan, 'describe') else self.plan}")
-        log.info(f"  data: {corpus.source}: {corpus.files} files, train {corpus.train.numel():,} B, "
-                 f"validation {corpus.val.numel():,} B; global batch {cfg.global_batch} x {self.model_cfg.seq} bytes")
+        log.info(f"  data: {corpus.source}: {corpus.files} files, tokenizer {corpus.tokenizer.name} (vocab "
+                 f"{corpus.vocab_size}), train {corpus.train.numel():,} tokens, validation {corpus.val.numel():,}; "
+                 f"global batch {cfg.global_batch} x {self.model_cfg.seq} tokens, {self.loader.windows:,} per epoch")
         if r is not None:
             log.info(f"  resumed from {step_dir(cfg.checkpoint_dir, r.step)} at step {r.step} in {r.load_s:.1f} s"
                      + (f" (resharded: written by {r.saved_world} ranks on another plan)" if r.resharded else ""))
@@ -237,7 +243,7 @@ class Trainer:
         if self.optimizer is not None:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-        inputs, targets = train_batch(self.corpus, cfg.seed, step, cfg.global_batch, self.model_cfg.seq)
+        inputs, targets = self.loader.batch(step)  # this rank's rows of the step's global batch
         self._step_t0 = time.perf_counter()
         self.links.begin()
         self.metrics.begin()
@@ -268,8 +274,15 @@ class Trainer:
         self.metrics.write(record)  # rank 0: metrics.jsonl and the progress display
         if (self.checkpointer is not None and cfg.checkpoint.interval and done % cfg.checkpoint.interval == 0
                 and done != cfg.last_step):
+            self._save_position(done)
             self.checkpointer.save(done)  # asynchronous: returns once the state is copied
         self.replan.after_step(done, self.metrics.detector, self.checkpointer, self.metrics.records)
+
+    def _save_position(self, step: int) -> None:
+        """Rank 0: the data loader's position after `step` steps into that step's checkpoint folder."""
+        if self.rank == 0:
+            from .checkpoint import step_dir
+            save_position(step_dir(self.cfg.checkpoint_dir, step), self.loader.state(step))
 
     def evaluate(self) -> float:
         """Mean loss over the held-out batches (the gradients the steps leave are dropped)."""
@@ -315,8 +328,10 @@ class Trainer:
         self.end = max(self.start, self.cfg.last_step)
         self.final_val_loss = self.evaluate()
         self.val_history.append((self.end, self.final_val_loss))
+        self.metrics.write_sinks(self.end, {"val_loss": self.final_val_loss})  # rank 0: TensorBoard etc.
         if self.checkpointer is not None:
             if self.end > self.start:
+                self._save_position(self.end)
                 self.checkpointer.save(self.end, final=True)
             self.checkpointer.close()
             cfg = self.cfg
@@ -335,7 +350,8 @@ class Trainer:
         from .replan import plan_rows
         r = self.resumed
         summary: dict[str, Any] = {
-            "final_val_loss": self.final_val_loss, "uniform_baseline": math.log(VOCAB), "start_step": self.start,
+            "final_val_loss": self.final_val_loss, "uniform_baseline": math.log(self.corpus.vocab_size),
+            "start_step": self.start,
             "end_step": self.end, "steps": self.cfg.steps, "train_s": self.train_s, "world": self.world,
             "backend": self.cfg.backend, "plan_source": self.cfg.plan.source, "plan": json.loads(self.plan.to_json()),
             "val_losses": self.val_history, "chips": self.chips,
