@@ -4,10 +4,10 @@ search ranks its candidates with) applied to whatever Plan a run uses - even, a 
 torchrun starts (hal/cli/train.py calls hal.trainer.trainer.make_plan) and again on the ranks.
 
 A plan that does not fit is a `PlanMemoryError` listing each rank over its chip's memory: rank, chip and
-model, bytes needed and the chip's memory in GiB (the capacity the planner uses: the catalog profile's
-memory, or its stated 64 GB default). Emulated chips are held to the memory of the chip they emulate
-(their tensors live in this host's RAM, which is not checked here); the model's tensors are float32 as
-hal.strategies.models builds them, so activations are priced at 4 bytes.
+model, bytes needed and usable bytes in GiB (the capacity the planner uses, hal.strategies.planner.facts:
+the catalog profile's memory, or its stated default, less the planner's headroom). Emulated chips are held
+to the memory of the chip they emulate (their tensors live in this host's RAM, which is not checked here);
+the model's tensors are float32 as hal.strategies.models builds them, so activations are priced at 4 bytes.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def check_fits(plan: Any, topo: Any, model_cfg: Any, source: str) -> None:
     emulated = {sc.name for sc in topo.sub_clusters if sc.emulated}
     shown = "; ".join(f"rank {r.rank} ({r.chip} {facts[r.sub_cluster].model}"
                       f"{', emulated' if r.sub_cluster in emulated else ''}): needs {r.memory_bytes / GIB:,.1f} GiB, "
-                      f"has {r.capacity_bytes / GIB:,.1f} GiB" for r in over[:4])
+                      f"usable {r.capacity_bytes / GIB:,.1f} GiB" for r in over[:4])
     more = f"; and {len(over) - 4} more ranks" if len(over) > 4 else ""
     raise PlanMemoryError(f"plan {source} for model {model_cfg.name!r} does not fit memory (the planner's memory "
                           f"model: parameters, AdamW state, activations): {shown}{more}; use more chips, a "
