@@ -210,3 +210,14 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_ctrl_c_exits_130(monkeypatch, capsys):
+    import hal.cli.train
+    from hal.cli import main
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(hal.cli.train, "run", interrupted)
+    assert main(["train", "--config", "x.toml"]) == 130
+    assert capsys.readouterr().err.strip() == "hal train: interrupted"
