@@ -143,3 +143,21 @@ def test_train_config_model_hf(hf_dir, tmp_path):
                                                  "model_type": "gpt2"}))
     with pytest.raises(TrainConfigError, match=r"model\.hf = .*gpt2"):
         TrainConfig(**base, model={"hf": str(bad)}).load_model_config()
+
+
+def test_an_expert_parallel_rank_reads_only_its_experts(tmp_path, fake_rank1_of_2):
+    """Mixtral-style MoE (4 experts, top-2): EP rank 1 of 2 hosts experts 2 and 3 and reads only theirs."""
+    from hal.strategies.expert_parallel import apply_ep
+    moe = ModelConfig(name="tiny-mixtral", layers=1, hidden=32, heads=4, kv_heads=2, ffn=32, vocab=256, seq=16,
+                      experts=4, top_k=2, capacity_factor=None)
+    state = {k: v.detach().clone() for k, v in build_model(moe, seed=1).state_dict().items()}
+    export_hf(state, moe, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "mixtral"
+    model = build_model(moe, seed=5)
+    apply_ep(model, dist.group.WORLD, [[0, 1], [2, 3]])
+    stats = load_hf_weights(model, moe, tmp_path, rank=1)
+    experts = {k for k in stats.keys if ".experts." in k}
+    assert experts and all(".experts.2." in k or ".experts.3." in k for k in experts), experts
+    assert len(experts) == 2 * 3  # w1, w2, w3 of each
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), state[name]), name
