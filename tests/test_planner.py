@@ -41,7 +41,9 @@ def test_every_figure_has_a_source_and_defaults_say_so():
     for f in facts:
         assert set(f.sources) == {"flops", "memory", "memory_bw", "intra_bw", "nic_bw", "host_copy_bw"}
     h, a, k = facts
-    assert h.flops == pytest.approx(0.45 * 989.5e12) and "catalog" in h.sources["flops"]
+    # the best sustained rate is the H100's efficiency matrix's best GEMM fraction x its peak
+    assert h.flops == pytest.approx(h.matrix.best_fraction * 989.5e12) and "efficiency matrix" in h.sources["flops"]
+    assert h.matrix.best_fraction < 0.9 and h.memory == pytest.approx(80e9 * 0.95 - 2e9)
     assert h.peak == pytest.approx(989.5e12)
     assert "assumed" in k.sources["flops"]            # the catalog has no P800 peak
     assert "assumed" in a.sources["memory_bw"]        # nor a 910B2 memory bandwidth
@@ -90,13 +92,20 @@ def test_compute_time_is_flops_over_achieved_rate():
     facts, _ = _facts(_topo(("h", "cuda", "H100", 1, 8)))
     m = ModelFacts(SMALL)
     c1 = replica_cost(m, facts[0], 1, 1, False, False, 1, False, 0, 1, 1)
-    c2 = replica_cost(m, facts[0], 1, 2, False, False, 3, False, 0, 1, 1)
-    assert c2.fwd == pytest.approx(6 * c1.fwd)              # linear in layers x rows
+    c2 = replica_cost(m, facts[0], 1, 2, False, False, 1, False, 0, 1, 1)
+    assert c2.fwd == pytest.approx(2 * c1.fwd)              # linear in layers
+    c3 = replica_cost(m, facts[0], 1, 1, False, False, 3, False, 0, 1, 1)
+    assert 3 * c1.fwd * 0.5 < c3.fwd < 3 * c1.fwd           # more rows: larger GEMMs, a higher fraction
     assert c1.bwd == pytest.approx(2 * c1.fwd)
     flops = SMALL.layer_forward_flops(SMALL.seq)
     assert c1.fwd >= flops / facts[0].flops                  # plus the memory-bound part, never less
     rc = replica_cost(m, facts[0], 1, 1, False, False, 1, True, 0, 1, 1)
     assert rc.bwd == pytest.approx(c1.bwd + c1.fwd)          # full recompute: one more forward
+    # selective recompute: the attention core's forward again (its FLOPs at the matrix's attention
+    # fraction), the memory of no recompute (a fused kernel keeps no scores either way)
+    sel = replica_cost(m, facts[0], 1, 1, False, False, 1, "selective", 0, 1, 1)
+    attn = 4 * SMALL.seq * SMALL.hidden * SMALL.seq / (facts[0].peak * facts[0].matrix.attention)
+    assert sel.bwd == pytest.approx(c1.bwd + attn) and sel.memory == c1.memory
 
 
 # ---- simulator -------------------------------------------------------------------------------------

@@ -102,12 +102,40 @@ def test_backward_is_charged():
 
 
 # ---- the chips' speeds ----------------------------------------------------------------------------
-def test_chip_speeds_is_the_catalog_peak_times_the_default_efficiency_over_the_scale():
+def test_chip_speeds_is_the_catalog_peak_times_the_matrix_best_fraction_over_the_scale():
     h100 = catalog.default("cuda")
-    f, b, src = chip_speeds("cuda", "bfloat16", 1e5)
-    assert f == pytest.approx(h100.peak("bfloat16") * timed.DEFAULT_EFFICIENCY / 1e5)
-    assert b == pytest.approx(h100.memory_bandwidth.value / 1e5)
-    assert "catalog" in src and str(timed.DEFAULT_EFFICIENCY) in src
+    mx = catalog.matrix("cuda", "H100")
+    sp = chip_speeds("cuda", "bfloat16", 1e5)
+    f, b, src = sp
+    assert f == pytest.approx(h100.peak("bfloat16") * mx.best_fraction / 1e5)
+    assert b == pytest.approx(h100.memory_bandwidth.value * mx.memory / 1e5)
+    assert "catalog" in src and "best GEMM fraction" in src
+    assert sp.matrix is mx and sp.peak_flops_per_s == pytest.approx(h100.peak("bfloat16") / 1e5)
+
+
+def test_charged_op_times_follow_the_matrix():
+    """Each GEMM / attention op a timed-emulated chip runs is charged the seconds the chip's efficiency
+    matrix gives for its shape (ratio within 2%), and small GEMMs are slower per FLOP than large ones."""
+    from hal.core.chip_matrix import ChipMatrix
+    mx = ChipMatrix(chip="t", model="T", gemm_peak=0.8, gemm_half_dim=128, attention=0.5, memory=1.0,
+                    intra_link=1.0, nic_link=1.0, intra_latency_s=0.0, nic_latency_s=0.0,
+                    memory_reserve_bytes=0.0, memory_fragmentation=0.0)
+    peak = 1e10
+    sp = Speeds(0.8 * peak, 1e18, "test", mx, peak)      # F = best fraction x peak; bytes free
+    cases = [(256, 512, 128), (64, 96, 32), (300, 17, 1024)]
+    for m, n, k in cases:
+        clock, _ = _clock(sp)
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        with timed.timed(clock):
+            a @ b
+        want = 2 * m * n * k / (peak * mx.gemm_fraction(m, n, k))
+        assert clock.stats()["busy_s"] / want == pytest.approx(1.0, abs=0.02), (m, n, k)
+    clock, _ = _clock(sp)
+    q = torch.randn(2, 4, 64, 32)
+    with timed.timed(clock):
+        F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    flops = 4 * 2 * 4 * 64 * 64 * 32                       # QK^T and AV (torch's count)
+    assert clock.stats()["busy_s"] / (flops / (peak * mx.attention)) == pytest.approx(1.0, abs=0.02)
 
 
 def test_two_chips_virtual_times_are_in_their_profile_ratio():
@@ -126,8 +154,8 @@ def test_two_chips_virtual_times_are_in_their_profile_ratio():
     c, _ = _clock(cuda)
     a.charge(5e12, 0)
     c.charge(5e12, 0)
-    peaks = catalog.default("cuda").peak("bfloat16") / catalog.default("ascend").peak("bfloat16")
-    assert a.stats()["busy_s"] / c.stats()["busy_s"] == pytest.approx(peaks)
+    best = {c: catalog.default(c).peak("bfloat16") * catalog.matrix(c).best_fraction for c in ("cuda", "ascend")}
+    assert a.stats()["busy_s"] / c.stats()["busy_s"] == pytest.approx(best["cuda"] / best["ascend"])
 
 
 def test_same_torch_ops_on_two_chips_keep_the_ratio():
@@ -139,7 +167,7 @@ def test_same_torch_ops_on_two_chips_keep_the_ratio():
         with timed.timed(clock):
             (x @ w).relu().sum().backward()
         busy[name] = clock.stats()
-    assert busy["cuda"]["flops"] == busy["ascend"]["flops"] and busy["cuda"]["bytes"] == busy["ascend"]["bytes"]
+    assert busy["cuda"]["flops"] == pytest.approx(busy["ascend"]["flops"]) and busy["cuda"]["bytes"] == busy["ascend"]["bytes"]
     assert busy["ascend"]["busy_s"] > busy["cuda"]["busy_s"]
 
 
@@ -147,7 +175,7 @@ def test_unknown_figures_are_named_not_invented():
     with pytest.raises(TimedEmulationError, match="float32"):
         chip_speeds("ascend", "float32", 1.0)  # the catalog has no 910B2 float32 peak
     f, b, src = chip_speeds("kunlun", "bfloat16", 1.0)  # P800: every figure unknown in the catalog
-    assert f == pytest.approx(timed.DEFAULT_EFFICIENCY * timed.ASSUMED["P800"]["peak_bf16"][0])
+    assert f == pytest.approx(catalog.matrix("kunlun").best_fraction * timed.ASSUMED["P800"]["peak_bf16"][0])
     assert "assumed" in src
     with pytest.raises(TimedEmulationError, match="dtype 'fp8'"):
         chip_speeds("cuda", "fp8", 1.0)

@@ -9,6 +9,7 @@ builds it (measured later by the conformance perf level).
     hal.core.catalog.get("cuda", "H800")              # by key, alias or reported device name
     hal.core.catalog.match("cuda", "NVIDIA H100 80GB HBM3")   # -> H100 profile, None if unknown
     hal.core.catalog.default("ascend")                # -> 910B2
+    hal.core.catalog.matrix("cuda", "H100")           # its efficiency matrix (hal.core.chip_matrix)
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pydantic import ValidationError
 
 from hal.contract.chips import DTYPE_KEYS, ChipProfile, Figure, FigureUnit
 from hal.contract.errors import HalError, UnknownChipError
+from hal.core.chip_matrix import ChipMatrix, ChipMatrixError, matrix_from_table
 
 _FIELD_UNITS: dict[str, FigureUnit] = {"memory_bytes": "B", "memory_bandwidth": "B/s", "intra_node_bandwidth": "B/s",
                                         "nic_bandwidth": "B/s"}
@@ -51,6 +53,8 @@ class _ChipCatalog:
     default: str
     entries: dict[str, _Entry]
     file: str
+    # [efficiency.<model key>] and [efficiency.default]: the chip efficiency matrices
+    matrices: dict[str, ChipMatrix]
 
 
 def chips() -> list[str]:
@@ -123,6 +127,22 @@ def unknown_profile(chip: str, model: str, dtypes: tuple[str, ...] = ("float32",
         notes=why + (f"; {notes}" if notes else ""))
 
 
+def matrix(chip: str, model: Optional[str] = None) -> ChipMatrix:
+    """The efficiency matrix of `model` (a key, alias or device name; None: the chip's default model):
+    its own `[efficiency.<key>]` table, else the chip file's `[efficiency.default]`."""
+    cat = _chip(chip)
+    entry = _lookup(cat, model) if model else cat.entries[cat.default]
+    if entry is None and model:
+        found = match(chip, model)
+        entry = next((e for e in cat.entries.values() if e.profile is found), None)
+    key = entry.key if entry is not None else None
+    if key in cat.matrices:
+        return cat.matrices[key]
+    if "default" not in cat.matrices:
+        raise CatalogError(f"{cat.file}: no [efficiency.{key}] and no [efficiency.default] table for {chip} {model}")
+    return cat.matrices["default"]
+
+
 def default_key(chip: str) -> str:
     return _chip(chip).default
 
@@ -177,7 +197,16 @@ def load_catalog_text(text: str, file: str) -> _ChipCatalog:
     entries = {key: _entry(file, chip, key, raw, sources) for key, raw in models.items()}
     if dflt not in entries:
         raise CatalogError(f"{file}: default = {dflt!r} is not one of its models {sorted(entries)}")
-    return _ChipCatalog(chip=chip, default=dflt, entries=entries, file=file)
+    matrices = {}
+    for key, raw in data.get("efficiency", {}).items():
+        if key != "default" and key not in entries:
+            raise CatalogError(f"{file}: [efficiency.{key}] names no model; models: {sorted(entries)} or 'default'")
+        model = entries[key].profile.model if key in entries else f"{chip} (default)"
+        try:
+            matrices[key] = matrix_from_table(chip, model, raw, sources, f"{file}: efficiency.{key}")
+        except ChipMatrixError as exc:
+            raise CatalogError(str(exc)) from None
+    return _ChipCatalog(chip=chip, default=dflt, entries=entries, file=file, matrices=matrices)
 
 
 def _entry(file: str, chip: str, key: str, raw: dict, sources: dict) -> _Entry:

@@ -5,7 +5,7 @@
 
 Speed (by default an emulated chip computes at the host's speed):
 - `HAL_EMULATE_TIMED=1`: timed emulation (hal.emulation.timed). Every aten op is charged to a virtual clock
-  from its FLOPs and bytes at the chip's speed (`hal.emulation.timed.chip_speeds`: catalog peak x 0.45, or
+  from its FLOPs and bytes at the chip's speed (`hal.emulation.timed.chip_speeds`: the catalog efficiency matrix, or
   a measured efficiency matrix; catalog memory bandwidth) divided by a time scale; the host sleeps
   up to the clock at synchronisation points (collectives, `.item()`, `synchronize()`), so the
   step takes the chip's time whatever the host's load. Communication stays real (CPU fabric).

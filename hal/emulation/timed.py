@@ -1,16 +1,18 @@
 """Timed emulation: an emulated chip's compute takes the wall time its figures say, whatever the host's load.
 
 (The cost side, the one definition a planner uses too, is hal.emulation.timed_cost; its names are re-exported
-here: `hal.emulation.timed.chip_speeds`, `op_cost`, `trace_cost`, DEFAULT_EFFICIENCY, ...)
+here: `hal.emulation.timed.chip_speeds`, `op_cost`, `charged_flops`, `trace_cost`, ...)
 
 Every aten op a process runs on its (emulated) chip is charged to a per-process `VirtualClock`:
 
-    cost(op) = max(flops(op) / F, bytes(op) / B)        F, B = chip_speeds(chip, dtype, scale)
+    cost(op) = max(flops(op) x r(op) / F, bytes(op) / B)        F, B = chip_speeds(chip, dtype, scale)
 
-    F = achieved FLOP/s / scale = peak(dtype) x DEFAULT_EFFICIENCY (catalog) or the best measured
-        matmul FLOP/s (efficiency matrix), divided by `scale`
-    B = memory bytes/s / scale  = catalog memory bandwidth (else an assumed/default figure, named) or
-        the measured device-copy bandwidth (efficiency matrix), divided by `scale`
+    F = the chip's best sustained FLOP/s / scale = peak(dtype) x the best fraction of its efficiency
+        matrix (hal.core.chip_matrix: catalog defaults) or the best measured matmul FLOP/s
+    r = best fraction / the op's fraction in the matrix (a GEMM's by its (m, n, k), fused attention's;
+        1 for other ops): `timed_cost.rate_factor`
+    B = memory bytes/s / scale  = catalog memory bandwidth x the matrix's memory fraction (else an
+        assumed/default figure, named) or the measured device-copy bandwidth
 
 flops(op): torch.utils.flop_counter's formulas (mm 2mnk, addmm, bmm, baddbmm, convolution and its
 backward, scaled-dot-product attention forward and backward, plus the CPU flash-attention kernels
@@ -74,8 +76,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hal import envs
 from hal.contract.chips import DTYPE_KEYS, ChipProfile
-from hal.emulation.timed_cost import (ASSUMED, DEFAULT_DTYPE, DEFAULT_EFFICIENCY, DEFAULT_MEMORY_BW,  # noqa: F401 - API
-                         Speeds, TimedEmulationError, chip_speeds, op_bytes, op_cost, op_flops, trace_cost)
+from hal.emulation.timed_cost import (ASSUMED, DEFAULT_DTYPE, DEFAULT_MEMORY_BW,  # noqa: F401 - API
+                         Speeds, TimedEmulationError, TraceOp, charged_flops, chip_speeds, op_bytes, op_cost,
+                         op_flops, op_shape, rate_factor, trace_cost)
 from hal.emulation.timed_cost import _FREE, aten
 
 _log = logging.getLogger(__name__)
@@ -150,11 +153,14 @@ class VirtualClock:
         self.reset_stats()
 
     # -- charging ---------------------------------------------------------------------------------
-    def charge(self, flops: float, nbytes: float, op: str = "") -> float:
-        """Advance the device by one op of `flops` FLOPs moving `nbytes` bytes; returns its seconds."""
-        cost = op_cost(flops, nbytes, self.speeds)
+    def charge(self, flops: float, nbytes: float, op: str = "", shape: Optional[tuple] = None) -> float:
+        """Advance the device by one op of `flops` FLOPs moving `nbytes` bytes; an op of matrix class
+        `shape` (timed_cost.op_shape) costs its FLOPs x rate_factor(shape, the speeds' efficiency
+        matrix); returns its seconds."""
+        rate = rate_factor(shape, getattr(self.speeds, "matrix", None))
+        cost = op_cost(flops * rate, nbytes, self.speeds)
         if self.trace is not None:
-            self.trace.append((op, int(flops), int(nbytes)))
+            self.trace.append(TraceOp(op, int(flops), int(nbytes), shape))
         now = self._now()
         if self.device_t is None:
             self._mark(now)
@@ -400,7 +406,7 @@ class TimedMode(TorchDispatchMode):
             return out  # no kernel on a device (a view, an allocation, shape-only work on meta tensors)
         clock._poll()
         clock.charge(op_flops(func, args, kwargs, out), op_bytes(args, kwargs, out),
-                     func._opname if clock.trace is not None else "")
+                     func._opname if clock.trace is not None else "", op_shape(func, args))
         return out
 
 

@@ -10,7 +10,7 @@ approximations (FLOPs of matmul-like ops only, bytes = inputs + outputs) are sta
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
@@ -18,11 +18,10 @@ from hal import envs
 from hal.contract.chips import DTYPE_KEYS, ChipProfile
 from hal.contract.errors import HalError
 
-# Achieved fraction of the catalog peak FLOP/s when no efficiency matrix is given: large dense
-# transformer runs report 0.4-0.55 model FLOPs utilisation on H100/A100 (Megatron-LM, torchtitan);
-# the planner's DEFAULT_MFU is this figure (hal/strategies/planner/facts.py imports it).
-DEFAULT_EFFICIENCY = 0.45
-# Memory bandwidth is charged at the catalog's figure (no efficiency factor, as the planner does).
+# Achieved FLOP/s are no single constant: the chip's efficiency matrix (hal.core.chip_matrix; defaults in
+# the catalog, each sourced) gives each GEMM its fraction of peak by shape, fused attention its own, and
+# memory-bound ops a fraction of the memory bandwidth. A clock's F is the chip's best sustained rate
+# (peak x best_fraction); an op the matrix rates lower is charged its FLOPs x best / its fraction.
 # Figures the catalog lists as unknown: chip model -> figure -> (value, why). The one definition
 # (hal/strategies/planner/facts.py imports it).
 ASSUMED: dict[str, dict[str, tuple[float, str]]] = {
@@ -42,12 +41,31 @@ DEFAULT_DTYPE = envs.HAL_EMULATE_TIMED_DTYPE.default
 class TimedEmulationError(HalError, ValueError):
     """Timed emulation was asked for in a way it cannot run: names the variable/argument and value."""
 
-class Speeds(NamedTuple):
-    """What the virtual clock charges at: FLOP/s and bytes/s (already divided by the scale)."""
+class Speeds(tuple):
+    """What the virtual clock charges at: (flops_per_s, bytes_per_s, source), FLOP/s the chip's best
+    sustained rate and bytes/s, both already divided by the scale; and, as attributes, the efficiency
+    matrix that rates each op against the best (`matrix`, None: every op at the best rate) and the
+    dtype's peak / scale (`peak_flops_per_s`, the MFU denominator). Unpacks as the three figures."""
 
-    flops_per_s: float
-    bytes_per_s: float
-    source: str
+    def __new__(cls, flops_per_s: float, bytes_per_s: float, source: str, matrix: Any = None,
+                peak_flops_per_s: float = 0.0) -> "Speeds":
+        self = super().__new__(cls, (flops_per_s, bytes_per_s, source))
+        self.matrix = matrix
+        self.peak_flops_per_s = peak_flops_per_s
+        return self
+
+    @property
+    def flops_per_s(self) -> float:
+        return self[0]
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self[1]
+
+    @property
+    def source(self) -> str:
+        return self[2]
+
 
 # ---- the one formula for an emulated chip's speeds -------------------------------------------------
 def _profile_of(chip: Union[str, ChipProfile], model: Optional[str]) -> Optional[ChipProfile]:
@@ -80,36 +98,85 @@ def chip_speeds(chip: Union[str, ChipProfile], dtype: str = DEFAULT_DTYPE, scale
     prof = _profile_of(chip, model)
     name = prof.model if prof is not None else str(model or chip)
     assumed = _assumed(prof, model)
-    flops = nbytes = None
-    fsrc = bsrc = ""
+    cm = _chip_matrix(chip, prof, model)
+    peak = prof.peak(dtype) if prof is not None else None
+    psrc = f"catalog {name} {dtype} peak"
+    if not peak and dtype == "bfloat16" and "peak_bf16" in assumed:
+        peak, psrc = assumed["peak_bf16"][0], assumed["peak_bf16"][1]
     if matrix is not None and matrix.best_matmul_flops(dtype):
-        flops = matrix.best_matmul_flops(dtype)
+        best = matrix.best_matmul_flops(dtype)
+        peak = peak or best
+        mbw = prof.memory_bandwidth.value if prof is not None else None
+        cm = cm.with_measured(matrix, peak, mbw, f"{matrix.chip} {matrix.profile_model}") if cm is not None else None
+        flops = best
         fsrc = f"measured {dtype} matmul ({matrix.chip} {matrix.profile_model}" + \
                (", EMULATED host" if matrix.emulated else "") + ")"
-    if flops is None:
-        peak = prof.peak(dtype) if prof is not None else None
-        if peak:
-            fsrc = f"{DEFAULT_EFFICIENCY} x catalog {name} {dtype} peak {peak / 1e12:.4g} TFLOP/s"
-        elif dtype == "bfloat16" and "peak_bf16" in assumed:
-            peak, why = assumed["peak_bf16"]
-            fsrc = f"{DEFAULT_EFFICIENCY} x {peak / 1e12:.4g} TFLOP/s ({why})"
-        else:
-            known = sorted(k for k, f in (prof.peak_flops.items() if prof else []) if f.value)
-            raise TimedEmulationError(
-                f"timed emulation of chip {name!r}: no {dtype} peak FLOP/s (catalog: unknown) and no measured "
-                f"efficiency matrix; charge another dtype (HAL_EMULATE_TIMED_DTYPE, known: {known}) or give "
-                f"HAL_EMULATE_TIMED_MATRIX")
-        flops = DEFAULT_EFFICIENCY * peak
+    elif peak and cm is not None:
+        flops = cm.best_fraction * peak
+        fsrc = (f"best GEMM fraction {cm.best_fraction:.3g} (efficiency matrix {cm.origin}) x {psrc} "
+                f"{peak / 1e12:.4g} TFLOP/s")
+    else:
+        known = sorted(k for k, f in (prof.peak_flops.items() if prof else []) if f.value)
+        raise TimedEmulationError(
+            f"timed emulation of chip {name!r}: no {dtype} peak FLOP/s (catalog: unknown) or no efficiency matrix "
+            f"and no measured one; charge another dtype (HAL_EMULATE_TIMED_DTYPE, known: {known}) or give "
+            f"HAL_EMULATE_TIMED_MATRIX")
     if matrix is not None and matrix.memory_bytes_per_s():
         nbytes, bsrc = matrix.memory_bytes_per_s(), f"measured device copy ({matrix.chip} {matrix.profile_model})"
-    elif prof is not None and prof.memory_bandwidth.value:
-        nbytes, bsrc = prof.memory_bandwidth.value, f"catalog {name} memory bandwidth"
-    elif "memory_bw" in assumed:
-        nbytes, bsrc = assumed["memory_bw"]
     else:
-        nbytes, bsrc = DEFAULT_MEMORY_BW
+        if prof is not None and prof.memory_bandwidth.value:
+            nbytes, bsrc = prof.memory_bandwidth.value, f"catalog {name} memory bandwidth"
+        elif "memory_bw" in assumed:
+            nbytes, bsrc = assumed["memory_bw"]
+        else:
+            nbytes, bsrc = DEFAULT_MEMORY_BW
+        if cm is not None:
+            nbytes, bsrc = nbytes * cm.memory, f"{cm.memory:.3g} x {bsrc}"
     source = f"{fsrc}; {bsrc} {nbytes / 1e12:.4g} TB/s; / time scale {scale:g}"
-    return Speeds(flops / scale, nbytes / scale, source)
+    return Speeds(flops / scale, nbytes / scale, source, cm, (peak or flops) / scale)
+
+
+def _chip_matrix(chip: Union[str, ChipProfile], prof: Optional[ChipProfile], model: Optional[str]) -> Any:
+    """The catalog's efficiency matrix of the chip (None for a chip the catalog lacks: cpu, a vendor's own)."""
+    from hal.core import catalog
+    name = chip.chip if isinstance(chip, ChipProfile) else chip
+    try:
+        return catalog.matrix(name, model or (prof.model if prof is not None else None))
+    except HalError:
+        return None
+
+
+# ---- what an op costs: its FLOPs rated by the efficiency matrix ------------------------------------
+def op_shape(func: Any, args: tuple) -> Optional[tuple]:
+    """The matrix class of an op: ("gemm", m, n, k) for a matmul (a batched one folds its batch into m),
+    ("attention",) for scaled-dot-product attention, None for anything else."""
+    name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
+    if "scaled_dot_product" in name:
+        return ("attention",)
+    if name not in _GEMMS:
+        return None
+    a, b = (args[1], args[2]) if name in ("addmm", "baddbmm") else (args[0], args[1])
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() < 2 or b.dim() < 2:
+        return None
+    m = a.shape[-2] * (a.shape[0] if a.dim() == 3 else 1)
+    return ("gemm", int(m), int(b.shape[-1]), int(a.shape[-1]))
+
+
+_GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
+
+
+def rate_factor(shape: Optional[tuple], matrix: Any) -> float:
+    """best fraction / this op's fraction (>= 1): how many best-rate FLOPs an op of `shape` costs per FLOP."""
+    if matrix is None or shape is None:
+        return 1.0
+    frac = matrix.attention if shape[0] == "attention" else matrix.gemm_fraction(*shape[1:])
+    return matrix.best_fraction / frac if frac > 0 else 1.0
+
+
+def charged_flops(func: Any, args: tuple, kwargs: dict, out: Any, speeds: Speeds) -> float:
+    """FLOPs at the best rate that an op costs on a chip with `speeds`: its FLOPs x `rate_factor`."""
+    flops = op_flops(func, args, kwargs, out)
+    return flops * rate_factor(op_shape(func, args), speeds.matrix) if flops else 0.0
 
 
 def op_cost(flops: float, nbytes: float, speeds: Speeds) -> float:
@@ -117,10 +184,21 @@ def op_cost(flops: float, nbytes: float, speeds: Speeds) -> float:
     return max(flops / speeds.flops_per_s, nbytes / speeds.bytes_per_s)
 
 
+class TraceOp(tuple):
+    """One recorded op: (op name, flops, bytes), unpacking as those three, with its matrix class
+    (`op_shape`) as `.shape`, so a trace is priced for any chip's efficiency matrix."""
+
+    def __new__(cls, op: str, flops: int, nbytes: int, shape: Optional[tuple] = None) -> "TraceOp":
+        self = super().__new__(cls, (op, flops, nbytes))
+        self.shape = shape
+        return self
+
+
 def trace_cost(trace: list, speeds: Speeds) -> float:
     """Seconds the ops of a recorded trace (`VirtualClock(record=True).trace`) take at `speeds`: what
     the clock would charge a chip with those speeds for the same ops (a planner's per-layer figure)."""
-    return sum(op_cost(f, b, speeds) for _, f, b in trace)
+    mx = getattr(speeds, "matrix", None)
+    return sum(op_cost(op[1] * rate_factor(getattr(op, "shape", None), mx), op[2], speeds) for op in trace)
 
 
 # ---- what an op costs ---------------------------------------------------------------------------

@@ -38,9 +38,10 @@ degree); a chip kind's tokens/s is its ranks' shares x global tokens / step time
 with PP a token passes through several chips), its MFU their share of the model FLOPs per step
 (ModelConfig.train_flops, no recompute) / step time / the sum of its ranks' peaks. The peak is the
 chip profile's peak FLOP/s of the charged dtype; under timed emulation divided by the time scale (the
-emulated chip's wall-time peak: its ops are charged at DEFAULT_EFFICIENCY x peak / scale, so MFU tops
-out near that efficiency); without timed emulation the chip runs at the host CPU's speed and the MFU
-against its profile peak is printed but means nothing about the chip (summary says which peak).
+emulated chip's wall-time peak: its ops are charged from the chip efficiency matrix, at best its best
+fraction x peak / scale, so MFU tops out near that fraction); without timed emulation the chip runs at
+the host CPU's speed and the MFU against its profile peak is printed but means nothing about the chip
+(summary says which peak).
 """
 from __future__ import annotations
 
@@ -227,8 +228,7 @@ class RunMetrics:
         peak = acc.profile.peak(dtype)
         peak_source = f"catalog {acc.profile.model} {dtype} peak"
         if not peak and self.clock is not None:
-            from hal.emulation.timed import DEFAULT_EFFICIENCY
-            peak = self.clock.speeds.flops_per_s * scale / DEFAULT_EFFICIENCY
+            peak = self.clock.speeds.peak_flops_per_s * scale
             peak_source = f"{dtype} peak as timed emulation assumes it ({self.clock.speeds.source})"
         mine = {"model": acc.profile.model, "dtype": dtype, "peak": peak or 0.0, "peak_source": peak_source,
                 "scale": scale, "flops_per_s": speeds[0], "bytes_per_s": speeds[1],

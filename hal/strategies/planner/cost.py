@@ -5,7 +5,10 @@ Conventions (each a stated assumption, printed in docs/planner.md):
   - bf16 weights and activations, fp32 gradients reduced across DP (as Megatron-LM does by default),
     mixed-precision AdamW: 16 bytes/param replicated; ZeRO-2 2 + 14/d; ZeRO-3 16/d (REFERENCE.md).
   - forward FLOPs of a layer = 2 x its matmul parameters per token + 4 s h per token for attention;
-    backward = 2 x forward; full recompute adds one forward.
+    backward = 2 x forward; full recompute adds one forward, selective recompute (Korthikanti et al.
+    2022) the attention core's forward. Each GEMM is timed at the chip efficiency matrix's fraction
+    of peak for its (m, n, k) (hal.core.chip_matrix), the attention core at the matrix's attention
+    fraction, memory-bound work at the matrix's share of the memory bandwidth (ChipFacts.memory_bw).
   - activations: ModelConfig.activation_bytes(attention="fused") (REFERENCE.md without the s x s
     score term); full recompute keeps 2 s h per layer (the input).
   - tensor parallel costs 4 all-reduce-equivalents of b s h bf16 per layer per micro-batch (2 forward,
@@ -18,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from hal.core.chip_matrix import gemm_shapes
 from hal.core.efficiency import busbw_factor
 
 from .facts import ChipFacts
@@ -52,6 +56,9 @@ class ModelFacts:
         self.total_params = cfg.num_params()
         self._layer_fwd = float(cfg.layer_forward_flops(cfg.seq))
         self._head_fwd = cfg.head_flops(cfg.seq) / 3
+        # query and key/value projection widths (GQA: kv < q); without GQA fields both are hidden
+        self.q_dim = int(getattr(cfg, "q_dim", cfg.hidden))
+        self.kv_dim = int(getattr(cfg, "kv_dim", cfg.hidden))
         self._act = {}
 
     @classmethod
@@ -68,17 +75,34 @@ class ModelFacts:
         """Model FLOPs of one sample's forward and backward (no recompute): the MFU numerator."""
         return float(self.cfg.train_flops(self.seq))
 
-    def act_bytes(self, tp: int, recompute: bool) -> float:
-        """Activation bytes one layer keeps for backward per sample (fused attention: no scores)."""
-        key = (tp, recompute)
+    def act_bytes(self, tp: int, recompute) -> float:
+        """Activation bytes one layer keeps for backward per sample (fused attention: no scores).
+        Selective recompute drops only the attention scores, which a fused kernel never keeps, so
+        its memory here is that of no recompute (its cost is the attention core's forward again)."""
+        kind = "full" if recompute_kind(recompute) == "full" else "none"
+        key = (tp, kind)
         if key not in self._act:
-            self._act[key] = self.cfg.activation_bytes(1, tp, "full" if recompute else "none", attention="fused") \
+            self._act[key] = self.cfg.activation_bytes(1, tp, kind, attention="fused") \
                 * self.dtype_bytes / BF16    # ModelConfig counts 16-bit activations
         return self._act[key]
 
     def boundary_bytes(self) -> float:
         """Bytes of one sample's activation crossing a pipeline boundary (b s h elements)."""
         return self.dtype_bytes * self.seq * self.hidden
+
+
+RECOMPUTE_KINDS = ("none", "selective", "full")
+
+
+def recompute_kind(recompute) -> str:
+    """'none' | 'selective' | 'full' from a Plan's name or a bool (True: full)."""
+    if recompute is True:
+        return "full"
+    if recompute is False or recompute is None:
+        return "none"
+    if recompute not in RECOMPUTE_KINDS:
+        raise ValueError(f"recompute = {recompute!r}; expected one of {RECOMPUTE_KINDS}")
+    return str(recompute)
 
 
 @dataclass
@@ -189,17 +213,20 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     model's experts and, with a balanced router, computes that share of the whole EP group's
     routed tokens (`group_mb` samples per micro-batch), whatever its own micro-batch."""
     tp_bw = tp_bw if tp_bw is not None else f.intra_bw
-    compute_fwd, elementwise = _forward_seconds(m, f, tp, n_layers, last, mb, experts_local, group_mb)
+    kind = recompute_kind(recompute)
+    compute_fwd, elementwise, attn = _forward_seconds(m, f, tp, n_layers, last, mb, experts_local, group_mb)
     tp_comm, ep_comm = _comm_seconds(m, f, tp, n_layers, mb, tp_bw, ep)
     fwd = compute_fwd + elementwise + (tp_comm + ep_comm) / 2
     bwd = 2 * compute_fwd + 2 * elementwise + (tp_comm + ep_comm) / 2
-    if recompute:
+    if kind == "full":
         bwd += compute_fwd + elementwise + (tp_comm + ep_comm) / 2
+    elif kind == "selective":
+        bwd += attn
     op_opt = grad_acc = None
     if m.op_profile is not None and not m.experts:     # op by op (op_profile.py); comm as above
         from .op_profile import stage_seconds
         pf, pb, op_opt, grad_acc = stage_seconds(m.op_profile, f.flops, f.memory_bw, tp, n_layers, first, last, mb,
-                                                 recompute)
+                                                 kind == "full", f.matrix)
         fwd, bwd = pf + (tp_comm + ep_comm) / 2, pb + (tp_comm + ep_comm) / 2
     dense, eparams, layer_p = _local_params(m, tp, n_layers, first, last, experts_local)
     memory = _memory_bytes(m, tp, n_layers, last, mb, recompute, zero, dp, in_flight, dense, eparams, layer_p)
@@ -216,29 +243,65 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
 
 
 def _forward_seconds(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, last: bool, mb: int,
-                     experts_local: Optional[int], group_mb: Optional[int]) -> tuple[float, float]:
-    """(compute, memory-bound elementwise) seconds of one forward, from totals: FLOPs / achieved
-    FLOP/s and 2 x activation bytes / memory bandwidth.
+                     experts_local: Optional[int], group_mb: Optional[int]) -> tuple[float, float, float]:
+    """(compute, memory-bound elementwise, attention core) seconds of one forward on one TP rank: each
+    GEMM at the chip matrix's fraction for its shape, the attention core at its attention fraction,
+    any other counted FLOPs at the best rate; elementwise = 2 x activation bytes / memory bandwidth.
 
     apply_plan's TP (hal/strategies/tensor_parallel.py) shards the blocks only: the embedding,
     final norm, head and loss run replicated on every rank of the TP group. It leaves the MoE layer
     unsharded (block_plan: it runs on the full activation, replicated over TP): every TP rank
     all-gathers the sequence, routes it and runs its replica's experts on all the routed tokens, so
     the router and expert FLOPs are not divided by tp either."""
-    moe_fl = 0.0     # FLOPs every rank of the TP group runs in full (not divided by tp)
+    block, attn = _block_seconds(m, f, tp, mb)
+    secs = n_layers * block
     if m.experts:
-        share = (experts_local if experts_local is not None else m.experts) / m.experts
-        routed = (group_mb if group_mb is not None else mb) * share
-        router = m.seq * 2 * m.hidden * m.experts                                      # per sample
-        per_sample_dense = m.layer_fwd_flops() - m.seq * 2 * m.expert_params * m.top_k - router   # attention
-        fl = n_layers * per_sample_dense * mb
-        moe_fl = n_layers * (router * mb + m.seq * 2 * m.expert_params * m.top_k * routed)
-    else:
-        fl = n_layers * m.layer_fwd_flops() * mb
-    head = m.head_fwd_flops() * mb if last else 0.0
-    compute_fwd = fl / (f.flops * tp) + (moe_fl + head) / f.flops
+        e_local = experts_local if experts_local is not None else m.experts
+        gmb = group_mb if group_mb is not None else mb
+        tokens = m.seq * mb
+        per_expert = m.seq * gmb * m.top_k / m.experts        # a balanced router's tokens per expert
+        secs += n_layers * (2 * tokens * m.hidden * m.experts / _rate(f, tokens, m.experts, m.hidden)
+                            + e_local * 3 * 2 * per_expert * m.hidden * m.ffn / _rate(f, per_expert, m.ffn, m.hidden))
+    if last:
+        tokens = m.seq * mb
+        secs += m.head_fwd_flops() * mb / _rate(f, tokens, m.vocab, m.hidden)
     act = m.act_bytes(tp, False) * mb * n_layers
-    return compute_fwd, ELEMENTWISE_PASSES * act / f.memory_bw
+    return secs, ELEMENTWISE_PASSES * act / f.memory_bw, n_layers * attn
+
+
+def _rate(f: ChipFacts, mm: float, n: float, k: float) -> float:
+    """FLOP/s of an (m, n, k) GEMM on chip `f`: its matrix's fraction x peak (no matrix: the best rate)."""
+    return f.peak * f.matrix.gemm_fraction(mm, n, k) if f.matrix is not None else f.flops
+
+
+_BLOCK: dict = {}
+
+
+def _block_seconds(m: ModelFacts, f: ChipFacts, tp: int, mb: int) -> tuple[float, float]:
+    """(seconds, of which the attention core) of one block's forward without its experts and router,
+    for a micro-batch of `mb` samples on one of `tp` TP ranks (memoised)."""
+    key = (id(m), id(f), tp, mb)
+    hit = _BLOCK.get(key)
+    if hit is not None:
+        return hit[2]
+    tokens = m.seq * mb
+    shapes = gemm_shapes(tokens, m.hidden, m.ffn, m.q_dim, m.kv_dim, tp)
+    if m.experts:
+        shapes = shapes[:2]                      # the attention projections; the MoE layer is priced apart
+        total = (m.layer_fwd_flops() - m.seq * 2 * m.expert_params * m.top_k - m.seq * 2 * m.hidden * m.experts)
+    else:
+        total = m.layer_fwd_flops()
+    total = total * mb / tp
+    gemm_fl = sum(2 * a * b * c for a, b, c in shapes)
+    attn_fl = 4 * m.seq * m.q_dim * tokens / tp
+    attn_rate = f.peak * f.matrix.attention if f.matrix is not None else f.flops
+    attn = attn_fl / attn_rate
+    secs = sum(2 * a * b * c / _rate(f, a, b, c) for a, b, c in shapes) + attn + \
+        max(0.0, total - gemm_fl - attn_fl) / f.flops
+    if len(_BLOCK) > 100_000:
+        _BLOCK.clear()
+    _BLOCK[key] = (m, f, (secs, attn))
+    return secs, attn
 
 
 def _comm_seconds(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, mb: int, tp_bw: float,
@@ -285,7 +348,7 @@ def _local_params(m: ModelFacts, tp: int, n_layers: int, first: bool, last: bool
     return dense, eparams, layer_p
 
 
-def _memory_bytes(m: ModelFacts, tp: int, n_layers: int, last: bool, mb: int, recompute: bool, zero: int, dp: int,
+def _memory_bytes(m: ModelFacts, tp: int, n_layers: int, last: bool, mb: int, recompute, zero: int, dp: int,
                   in_flight: int, dense: float, eparams: float, layer_p: float) -> float:
     """Peak bytes per rank: parameter state, DDP's buckets, activations kept, backward's working set
     or the loss (whichever is larger), ZeRO-3's gathered layers, the bridge's staging.
@@ -299,7 +362,7 @@ def _memory_bytes(m: ModelFacts, tp: int, n_layers: int, last: bool, mb: int, re
     act_keep = m.act_bytes(tp, recompute) * mb * n_layers * in_flight
     # backward's working set: the gradients of one layer's activations for one micro-batch (about
     # the size of what the layer saved); under full recompute that layer's activations come back too
-    act_work = m.act_bytes(tp, False) * mb * (2 if recompute else 1)
+    act_work = m.act_bytes(tp, False) * mb * (2 if recompute_kind(recompute) == "full" else 1)
     # the loss on the last stage: fp32 logits, their log-softmax, and in backward the gradients of
     # both (torch's cross_entropy; tests/test_planner_memory.py checks it against emulated runs). It
     # and the layer working set are not live at once (the loss's backward runs before the layers'),

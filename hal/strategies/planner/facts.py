@@ -3,15 +3,16 @@
 Order of preference for every figure: a measured efficiency matrix (`hal conformance --level perf
 --efficiency FILE`, passed as `--matrix DIR`), then the chip's catalog profile, then a stated
 default. Link figures come from `hal.core.topology` (spec, else catalog, else its stated default: one
-definition), scaled by LINK_EFFICIENCY. Nothing is silent: `ChipFacts.sources` names the
+definition), scaled by the efficiency matrix's link fractions. Nothing is silent: `ChipFacts.sources` names the
 origin of each number and `hal plan` prints them.
 
-Defaults are assumptions, not facts, and say so in their source string:
-  - achieved dense bf16 matmul throughput = DEFAULT_MFU x catalog peak. 0.45 is in the range
-    large dense transformer runs report for model FLOPs utilisation (Megatron-LM, torchtitan:
-    0.4-0.55 on H100/A100); a measured matrix replaces it.
-  - figures the catalog lists as unknown (for example every Kunlun P800 peak) get the values in
-    ASSUMED below, each with the reason it was chosen.
+What a chip sustains comes from its efficiency matrix (hal.core.chip_matrix: the catalog's
+`[efficiency.*]` tables, each figure sourced; a measured matrix replaces the GEMM curve and the memory
+fraction): `flops` is the best sustained rate (peak x the matrix's best fraction, the upper bound's
+rate), the cost model rates each GEMM and attention by the matrix, `memory_bw` and the links are the
+catalog/topology figures x the matrix's fractions, and `memory` is what a plan may use: the capacity
+(spec `memory`, else catalog) less the matrix's reserve and fragmentation. Figures the catalog lists as
+unknown (for example every Kunlun P800 peak) get the values in ASSUMED, each with the reason.
 """
 from __future__ import annotations
 
@@ -22,11 +23,8 @@ from typing import Any, Optional
 # The chip figures the planner shares with timed emulation are defined once, in hal.emulation.timed_cost:
 # DEFAULT_EFFICIENCY (achieved / catalog peak FLOP/s), ASSUMED (figures the catalog lists as unknown)
 # and DEFAULT_MEMORY_BW, so a plan for emulated chips and the emulated chips agree by construction.
-from hal.emulation.timed_cost import ASSUMED, DEFAULT_EFFICIENCY as DEFAULT_MFU, DEFAULT_MEMORY_BW  # noqa: E402
-# Link efficiency: the fraction of a link's rate a large collective achieves (nccl-tests busbw on
-# NVLink/IB is typically 80-90% of the line rate). Applied to spec and catalog rates, never to
-# measured busbw (that is already achieved).
-LINK_EFFICIENCY = 0.85
+from hal.emulation.timed_cost import ASSUMED, DEFAULT_MEMORY_BW  # noqa: E402
+from hal.core.chip_matrix import ChipMatrix  # noqa: E402
 
 DEFAULT_MEMORY = (64e9, "default: 64 GB")
 # Host staging for the bridge's cross-chip path: device<->host copies per rank (PCIe Gen4/5 x16,
@@ -55,9 +53,13 @@ class ChipFacts:
     # messages, where bandwidth dominates); measured on the host for timed emulation's CPU fabric
     link_latency: float = 0.0
     # per-rank bandwidth of the bridge's rails across sub-clusters: hal.core.topology's
-    # Topology.rail_bandwidth (the slowest NIC among a rail's members) x LINK_EFFICIENCY, set by
+    # Topology.rail_bandwidth (the slowest NIC among a rail's members) x the NIC fraction, set by
     # `with_rails`; None: this sub-cluster's own NIC (a caller without the topology)
     rail_bw: Optional[float] = None
+    # the chip efficiency matrix the cost model rates GEMMs and attention with (None: every op at `flops`)
+    matrix: Optional[ChipMatrix] = None
+    # bytes per device before the reserve (`memory` is what a plan may use of it); 0: same as memory
+    capacity: float = 0.0
 
     @property
     def size(self) -> int:
@@ -70,8 +72,8 @@ class ChipFacts:
                 if x >= div:
                     return f"{x / div:.3g} {p}{unit}"
             return f"{x:.3g} {unit}"
-        return [("achieved bf16 FLOP/s", g(self.flops, "FLOP/s"), self.sources["flops"]),
-                ("memory", g(self.memory, "B"), self.sources["memory"]),
+        return [("best sustained bf16 FLOP/s", g(self.flops, "FLOP/s"), self.sources["flops"]),
+                ("usable memory", g(self.memory, "B"), self.sources["memory"]),
                 ("memory bandwidth", g(self.memory_bw, "B/s"), self.sources["memory_bw"]),
                 ("intra-node link", g(self.intra_bw, "B/s"), self.sources["intra_bw"]),
                 ("NIC per rank", g(self.nic_bw, "B/s"), self.sources["nic_bw"]),
@@ -107,8 +109,27 @@ def load_matrices(directory: Optional[str | Path]) -> dict[str, Any]:
     return out
 
 
-def chip_facts(sc, matrices: Optional[dict[str, dict]] = None, dtype: str = "bfloat16") -> ChipFacts:
-    """Figures for one sub-cluster (`hal.core.topology.SubClusterTopo`)."""
+def neutral_matrix(chip: str, model: str) -> ChipMatrix:
+    """The matrix of a chip the catalog has none for (cpu, a vendor's own): every op class at the best
+    rate, links and memory as given, no reserve. Measured figures (--matrix) are used as they are."""
+    why = "no catalog efficiency matrix for this chip: figures used as measured/given"
+    return ChipMatrix(chip=chip, model=model, gemm_peak=1.0, gemm_half_dim=1.0, attention=1.0, memory=1.0,
+                      intra_link=1.0, nic_link=1.0, intra_latency_s=0.0, nic_latency_s=0.0,
+                      memory_reserve_bytes=0.0, memory_fragmentation=0.0, sources={"all": why}, origin=why)
+
+
+def catalog_matrix(chip: str, model: Optional[str]) -> Optional[ChipMatrix]:
+    from hal.core import catalog
+    try:
+        return catalog.matrix(chip, model)
+    except Exception:  # a chip the catalog lacks
+        return None
+
+
+def chip_facts(sc, matrices: Optional[dict[str, dict]] = None, dtype: str = "bfloat16",
+               memory: Optional[float] = None) -> ChipFacts:
+    """Figures for one sub-cluster (`hal.core.topology.SubClusterTopo`); `memory`: its capacity per device
+    from the cluster spec (hal.core.cluster.SubCluster.memory), else the catalog's."""
     name, chip, model = sc.name, sc.chip, sc.model
     prof = _catalog_profile(chip, model)
     model_key = model or (prof.model if prof else chip)
@@ -118,26 +139,26 @@ def chip_facts(sc, matrices: Optional[dict[str, dict]] = None, dtype: str = "bfl
             assumed = table
     src: dict[str, str] = {}
     m, mfile = (matrices or {}).get(model_key) or (matrices or {}).get(chip) or (None, "")
-
-    # compute
-    flops = None
+    cm = catalog_matrix(chip, model) if prof is not None else None
+    cm = cm or neutral_matrix(chip, str(model_key))
     peak = prof.peak(dtype) if prof else None
+    peak_src = f"catalog {prof.model} {dtype} peak" if peak and prof else ""
     if not peak and "peak_bf16" in assumed:
-        peak = assumed["peak_bf16"][0]
+        peak, peak_src = assumed["peak_bf16"][0], assumed["peak_bf16"][1]
+    cat_bw = prof.memory_bandwidth.value if prof is not None else None
     if m is not None and m.best_matmul_flops(dtype):
-        flops = m.best_matmul_flops(dtype)
-        src["flops"] = f"measured: {mfile} (best {dtype} matmul" + (", EMULATED host" if m.emulated else "") + ")"
-    if flops is None:
-        if prof is not None and prof.peak(dtype):
-            flops = DEFAULT_MFU * peak
-            src["flops"] = f"default: {DEFAULT_MFU} x catalog {prof.model} {dtype} peak {peak / 1e12:.0f} TFLOP/s"
-        elif "peak_bf16" in assumed:
-            v, why = assumed["peak_bf16"]
-            flops = DEFAULT_MFU * v
-            src["flops"] = f"default: {DEFAULT_MFU} x {v / 1e12:.0f} TFLOP/s ({why})"
-        else:
-            raise ValueError(f"sub-cluster {name!r}: chip {chip} model {model_key!r} has no {dtype} peak in the "
-                             f"catalog and no measured efficiency matrix; pass --matrix DIR with one")
+        peak = peak or m.best_matmul_flops(dtype)
+        cm = cm.with_measured(m, peak, cat_bw or m.memory_bytes_per_s(), mfile)
+    if not peak:
+        raise ValueError(f"sub-cluster {name!r}: chip {chip} model {model_key!r} has no {dtype} peak in the "
+                         f"catalog and no measured efficiency matrix; pass --matrix DIR with one")
+    flops = cm.best_fraction * peak
+    if m is not None and m.best_matmul_flops(dtype):
+        src["flops"] = f"measured: {mfile} (best {dtype} matmul" + (", EMULATED host" if m.emulated else "") + \
+            f", {cm.best_fraction:.3g} of peak; the GEMM curve is its points)"
+    else:
+        src["flops"] = (f"{cm.best_fraction:.3g} (best GEMM fraction, efficiency matrix {cm.origin}) x "
+                        f"{peak_src or 'peak'} {peak / 1e12:.0f} TFLOP/s")
 
     def pick(fieldname: str, catalog_attr: str, default: tuple[float, str]) -> float:
         fig = getattr(prof, catalog_attr) if prof is not None else None
@@ -152,20 +173,23 @@ def chip_facts(sc, matrices: Optional[dict[str, dict]] = None, dtype: str = "bfl
         src[fieldname] = why
         return v
 
-    def link(lk) -> float:
-        return lk.bytes_per_s * LINK_EFFICIENCY
-
-    memory = pick("memory", "memory_bytes", DEFAULT_MEMORY)
-    mem_bw = None
+    if memory is not None:
+        capacity = memory
+        src["memory"] = "cluster spec"
+    else:
+        capacity = pick("memory", "memory_bytes", DEFAULT_MEMORY)
+    src["memory"] += (f" {capacity / 1e9:.0f} GB less {cm.memory_fragmentation:.0%} fragmentation and "
+                      f"{cm.memory_reserve_bytes / 1e9:.1f} GB reserve (efficiency matrix {cm.origin})")
     if m is not None and m.memory_bytes_per_s():
         mem_bw = m.memory_bytes_per_s()
         src["memory_bw"] = f"measured: {mfile}"
-    if mem_bw is None:
-        mem_bw = pick("memory_bw", "memory_bandwidth", DEFAULT_MEMORY_BW)
-    intra = link(sc.intra_bandwidth)
-    nic = link(sc.nic_bandwidth)
-    src["intra_bw"] = f"topology: {sc.intra_bandwidth.source} x {LINK_EFFICIENCY} link efficiency"
-    src["nic_bw"] = f"topology: {sc.nic_bandwidth.source} x {LINK_EFFICIENCY} link efficiency"
+    else:
+        mem_bw = pick("memory_bw", "memory_bandwidth", DEFAULT_MEMORY_BW) * cm.memory
+        src["memory_bw"] = f"{cm.memory:.3g} (efficiency matrix) x " + src["memory_bw"]
+    intra = sc.intra_bandwidth.bytes_per_s * cm.intra_link
+    nic = sc.nic_bandwidth.bytes_per_s * cm.nic_link
+    src["intra_bw"] = f"topology: {sc.intra_bandwidth.source} x {cm.intra_link} (efficiency matrix)"
+    src["nic_bw"] = f"topology: {sc.nic_bandwidth.source} x {cm.nic_link} (efficiency matrix)"
     measured_bus = m.busbw("all_reduce", 64 * 2**20) if m is not None else None
     if measured_bus:
         intra = measured_bus
@@ -173,22 +197,25 @@ def chip_facts(sc, matrices: Optional[dict[str, dict]] = None, dtype: str = "bfl
     src["host_copy_bw"] = DEFAULT_HOST_COPY_BW[1]
     return ChipFacts(name=name, chip=chip, model=str(model_key), ranks=tuple(sc.ranks),
                      ranks_per_node=len(sc.nodes[0]) if sc.nodes else len(sc.ranks),
-                     flops=flops, peak=peak or flops, memory=memory, memory_bw=mem_bw, intra_bw=intra, nic_bw=nic,
-                     host_copy_bw=DEFAULT_HOST_COPY_BW[0], sources=src)
+                     flops=flops, peak=peak, memory=cm.usable_memory(capacity), memory_bw=mem_bw, intra_bw=intra,
+                     nic_bw=nic, host_copy_bw=DEFAULT_HOST_COPY_BW[0], sources=src,
+                     link_latency=cm.intra_latency_s, matrix=cm, capacity=capacity)
 
 
 def with_rails(facts: list[ChipFacts], topo) -> list[ChipFacts]:
     """`facts` with `rail_bw` from the topology's one definition of a rail's bandwidth: the leader
     rail's (`Topology.rail_bandwidth(0)`, the slowest NIC among one rank of every chip group; every
     rail of the bridge has one member per chip group, so all rails have this figure) x
-    LINK_EFFICIENCY. A measured rail figure would replace it (none is measured yet)."""
+    the lowest NIC fraction of the parts' efficiency matrices. A measured rail figure would replace it
+    (none is measured yet)."""
     import dataclasses
     if len(topo.sub_clusters) < 2:
         return list(facts)
     link = topo.rail_bandwidth(0)
+    frac = min(f.matrix.nic_link if f.matrix is not None else 1.0 for f in facts)
     src = (f"topology: Topology.rail_bandwidth(rail 0) = slowest NIC of {list(topo.rails[0])} "
-           f"({link.source}) x {LINK_EFFICIENCY} link efficiency")
-    return [dataclasses.replace(f, rail_bw=link.bytes_per_s * LINK_EFFICIENCY,
+           f"({link.source}) x {frac} (lowest NIC fraction of the efficiency matrices)")
+    return [dataclasses.replace(f, rail_bw=link.bytes_per_s * frac,
                                 sources={**f.sources, "rail_bw": src}) for f in facts]
 
 
@@ -220,8 +247,10 @@ def emulated_chip_facts(topo, scale: float, link_bw: float, link_latency: float,
                "memory": f"catalog {prof.model}" if prof is not None and prof.memory_bytes.value else DEFAULT_MEMORY[1],
                "intra_bw": link, "nic_bw": link, "host_copy_bw": link,
                "link_latency": f"{link_source}: {link_latency * 1e6:.0f} us per message"}
+        sp = timed.chip_speeds(sc.chip, dtype, scale, model=sc.model, matrix=mx[0])
         out.append(ChipFacts(name=sc.name, chip=sc.chip, model=str(sc.model or (prof.model if prof else sc.chip)),
                              ranks=tuple(sc.ranks), ranks_per_node=len(sc.nodes[0]) if sc.nodes else len(sc.ranks),
-                             flops=flops, peak=flops, memory=mem, memory_bw=bps, intra_bw=link_bw, nic_bw=link_bw,
-                             host_copy_bw=float("inf"), sources=src, link_latency=link_latency))
+                             flops=flops, peak=sp.peak_flops_per_s or flops, memory=mem, memory_bw=bps,
+                             intra_bw=link_bw, nic_bw=link_bw, host_copy_bw=float("inf"), sources=src,
+                             link_latency=link_latency, matrix=sp.matrix, capacity=mem))
     return out

@@ -28,20 +28,24 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class Ops(NamedTuple):
-    """(flops, bytes) per op, in order."""
+    """(flops, bytes, matrix class) per op, in order (the class: hal.emulation.timed_cost.op_shape)."""
 
     flops: tuple[float, ...]
     nbytes: tuple[float, ...]
+    shapes: tuple = ()
 
-    def seconds(self, flops_per_s: float, bytes_per_s: float, share: float = 1.0) -> float:
-        """Sum over ops of hal.emulation.timed.op_cost (max(flops / F, bytes / B): the clock's one formula),
-        every op shrunk to `share` of its work."""
-        from hal.emulation.timed import Speeds, op_cost
+    def seconds(self, flops_per_s: float, bytes_per_s: float, share: float = 1.0, matrix=None) -> float:
+        """Sum over ops of hal.emulation.timed.op_cost (max(flops x r / F, bytes / B): the clock's one
+        formula, r = rate_factor(op's class, the chip's efficiency matrix)), every op shrunk to `share`
+        of its work (a GEMM keeps its TP-1 shape's rate: an approximation under TP)."""
+        from hal.emulation.timed import Speeds, op_cost, rate_factor
         sp = Speeds(flops_per_s, bytes_per_s, "")
-        return sum(op_cost(f * share, b * share, sp) for f, b in zip(self.flops, self.nbytes))
+        shapes = self.shapes or (None,) * len(self.flops)
+        return sum(op_cost(f * share * rate_factor(s, matrix), b * share, sp)
+                   for f, b, s in zip(self.flops, self.nbytes, shapes))
 
     def __add__(self, other: "Ops") -> "Ops":  # type: ignore[override]
-        return Ops(self.flops + other.flops, self.nbytes + other.nbytes)
+        return Ops(self.flops + other.flops, self.nbytes + other.nbytes, self.shapes + other.shapes)
 
 
 class _Count(TorchDispatchMode):
@@ -54,6 +58,7 @@ class _Count(TorchDispatchMode):
         super().__init__()
         self.flops: list[float] = []
         self.nbytes: list[float] = []
+        self.shapes: list = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         from hal.emulation import timed
@@ -64,11 +69,12 @@ class _Count(TorchDispatchMode):
             return out
         self.flops.append(float(timed.op_flops(func, args, kwargs, out)))
         self.nbytes.append(float(timed.op_bytes(args, kwargs, out)))
+        self.shapes.append(timed.op_shape(func, args))
         return out
 
     def take(self) -> Ops:
-        ops = Ops(tuple(self.flops), tuple(self.nbytes))
-        self.flops, self.nbytes = [], []
+        ops = Ops(tuple(self.flops), tuple(self.nbytes), tuple(self.shapes))
+        self.flops, self.nbytes, self.shapes = [], [], []
         return ops
 
 
@@ -157,10 +163,10 @@ class OpProfile:
 
 
 def stage_seconds(prof: OpProfile, flops_per_s: float, bytes_per_s: float, tp: int, n_layers: int, first: bool,
-                  last: bool, rows: int, recompute: bool) -> tuple[float, float, float, float]:
+                  last: bool, rows: int, recompute: bool, matrix=None) -> tuple[float, float, float, float]:
     """(forward, first backward, optimizer, a later backward's extra for accumulating gradients)
     seconds of one TP rank of a replica: the blocks' ops on 1/tp of the data, the ends (embedding;
-    final norm, head and loss) whole."""
+    final norm, head and loss) whole; each op rated by the chip's efficiency `matrix`."""
     blocks = prof.stage(n_layers, False, False, rows, recompute) if n_layers else None
     ends = prof.stage(0, first, last, rows) if (first or last) else None
     relayout = sp_relayout_seconds(prof, bytes_per_s, tp, n_layers, rows, recompute)
@@ -168,9 +174,9 @@ def stage_seconds(prof: OpProfile, flops_per_s: float, bytes_per_s: float, tp: i
     for part in ("fwd", "bwd", "opt", "bwd_acc"):
         t = 0.0
         if blocks is not None:
-            t += getattr(blocks, part).seconds(flops_per_s, bytes_per_s, 1.0 / tp)
+            t += getattr(blocks, part).seconds(flops_per_s, bytes_per_s, 1.0 / tp, matrix)
         if ends is not None:
-            t += getattr(ends, part).seconds(flops_per_s, bytes_per_s)
+            t += getattr(ends, part).seconds(flops_per_s, bytes_per_s, 1.0, matrix)
         out.append(t + relayout.get(part, 0.0))
     return out[0], out[1], out[2], out[3] - out[1]
 
