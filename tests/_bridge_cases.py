@@ -350,7 +350,8 @@ def _c_send_recv(pg, gl, W, me, k, dtype, op, n, seed, name, failures):
 
 def a2a_accounting(group_ranks: list, seed: int = 3, n: int = 4096) -> Optional[dict]:
     """One uneven all_to_all_single on the hetero group over `group_ranks`: the elements this rank
-    sent along rails and handed to a sub-cluster mate to relay (deltas of the fabric's counters),
+    sent along rails (and of those, on the rails' back groups) and handed to a sub-cluster mate to
+    relay (deltas of the fabric's counters),
     the cross elements it was the source of, and whether the global gloo group ever ran an
     all_to_all on this group (it must not: all_to_all takes the rails)."""
     pg = _group(group_ranks, None)[0]
@@ -368,6 +369,7 @@ def a2a_accounting(group_ranks: list, seed: int = 3, n: int = 4096) -> Optional[
     delta = {k: v - before.get(k, 0) for k, v in fx.counters.items()}
     cluster = fx.topo.cluster_of
     return {"exact": torch.equal(out, want), "rail": delta.get("a2a_rail_elems", 0),
+            "rail_back": delta.get("a2a_rail_back_elems", 0), "back_groups": sorted(fx.rails_back) == sorted(fx.rails),
             "relay": delta.get("a2a_relay_elems", 0),
             "cross_source": sum(int(S[me][d]) for d in range(W) if cluster[d] != cluster[me]),
             "global_a2a": any(key[0] == "all_to_all_single" for key in fx.glob.route_counts)}

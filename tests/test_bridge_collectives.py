@@ -92,14 +92,18 @@ def test_world_3_plus_2_plus_1(pool):
 
 @pytest.mark.parametrize("name", list(SHAPES) + ["3+2+1"])
 def test_all_to_all_takes_the_rails(pool, name):
-    """all_to_all crosses sub-clusters on rails only (never the global gloo group), every cross
-    element crosses exactly once, and where a source shares a rail with its destination (3+1,
+    """all_to_all crosses sub-clusters on rails only (never the global gloo group), each direction
+    of a rail on its own gloo group, every cross element crosses exactly once, and where a source shares a rail with its destination (3+1,
     2+1+1: always) nothing is handed to a sub-cluster mate first."""
     ranks = SHAPES.get(name, list(range(6)))
     res = [r for r in pool.run(cases.a2a_accounting, ranks) if r is not None]
     assert len(res) == len(ranks) and all(r["exact"] for r in res), res
     assert not any(r["global_a2a"] for r in res), res
     assert sum(r["rail"] for r in res) == sum(r["cross_source"] for r in res) > 0, res
+    # each direction of a rail on its own gloo group (hal.ccl_bridge.duplex): every rail has a back
+    # group, and the blocks to lower rail positions (some, never all) went on it
+    assert all(r["back_groups"] for r in res), res
+    assert 0 < sum(r["rail_back"] for r in res) < sum(r["rail"] for r in res), res
     relayed = sum(r["relay"] for r in res)
     if name in ("3+1", "2+1+1"):
         assert relayed == 0, res

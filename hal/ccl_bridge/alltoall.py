@@ -22,9 +22,11 @@ Per call, on every rank (sub-cluster c of n ranks, W ranks in the group):
         2+1+1): intra all_gather of the n split rows (W int64 each), since a relay must know how
         much each mate hands it, then
     1b. intra all_to_all_single: to mate t, the blocks t relays for this rank, by destination
-    2.  per rail of this rank, one gloo all_to_all_single (all rails at once): to rail peer d, the
-        blocks this rank relays to d (its own first), by source; received blocks land in the
-        output by source, in place where they are back to back
+    2.  per rail of this rank, one exchange (all rails at once): to rail peer d, the blocks this
+        rank relays to d (its own first), by source; received blocks land in the output by source,
+        in place where they are back to back. Each direction of the rail rides its own gloo group
+        (the rail's group one way, its back group the other, `duplex`): one gloo pair does not run
+        both directions at link rate, two do (docs/performance.md, the test bed)
 
 Cross bytes per rank: its relayed share, never the whole sub-cluster's (except a lone rank, which
 holds the whole sub-cluster); intra bytes: its intra pairs' blocks plus the blocks it hands to
@@ -44,7 +46,7 @@ import torch
 
 from hal.core.topology import RailLayout, cross_rail
 
-from . import faults
+from . import duplex, faults
 from .ccl import Handle
 from .fabric import CPU, Fabric
 
@@ -166,15 +168,18 @@ def all_to_all_single(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_spli
             send_sizes.append(sum(p[2] for p in mine))
             recv_sizes.append(sum(out_splits[s] for s in arrivals))
         fx.count("a2a_rail_elems", sum(send_sizes))
+        if index in fx.rails_back:   # elements sent to lower rail positions: the back group's direction
+            fx.count("a2a_rail_back_elems", sum(send_sizes[:topo.rails[index].members.index(me)]))
         handles.append(_exchange(fx, fx.rails[index], out, pieces, lands, send_sizes, recv_sizes,
-                                 ("a2a", "rail", index), True, CPU))
+                                 ("a2a", "rail", index), True, CPU, fx.rails_back.get(index)))
     Handle([intra] + handles).wait()
 
 
 def _exchange(fx: Fabric, ccl, out: torch.Tensor, pieces: list[Piece],
               lands: list[tuple[int, int, int]], send_sizes: list[int], recv_sizes: list[int], slot,
-              host: bool, dev: torch.device) -> Handle:
-    """Issue one all_to_all_single on `ccl`: send `pieces` (in peer order, `send_sizes` per peer),
+              host: bool, dev: torch.device, back=None) -> Handle:
+    """Issue one all_to_all_single on `ccl` (with `back`, a rail's back group: each direction on its
+    own group, `duplex`): send `pieces` (in peer order, `send_sizes` per peer),
     receive blocks that land in `out` at (source, offset, length) in `lands`. Views of the caller's
     tensors are used where the blocks are back to back and no host staging is needed; otherwise
     blocks are packed into (host, for `host`) scratch buffers, the copies that stage a native chip's
@@ -192,7 +197,10 @@ def _exchange(fx: Fabric, ccl, out: torch.Tensor, pieces: list[Piece],
     recv = view if view is not None else fx.scratch.get(slot + ("out",), sum(recv_sizes), out.dtype, dev)
     if host:
         fx.host_ready()
-    h = ccl.all_to_all_single(recv, send, recv_sizes, send_sizes)
+    if back is not None:
+        h = duplex.all_to_all_single(ccl, back, recv, send, recv_sizes, send_sizes)
+    else:
+        h = ccl.all_to_all_single(recv, send, recv_sizes, send_sizes)
 
     def unpack() -> None:
         off = 0

@@ -28,6 +28,7 @@ from hal.emulation.emulate import cpu_fabric_capabilities
 
 from .ccl import Ccl
 from .config import BridgeConfig
+from .duplex import back_group
 from .errors import BridgeConfigError
 from .fabric import CPU, Fabric
 from .process_group import HeteroProcessGroup
@@ -87,6 +88,7 @@ def build_fabric(store, rank: int, size: int, timeout: timedelta, topo: Topology
                 acc.device, timeout)
 
     rails: dict[int, Ccl] = {}
+    rails_back: dict[int, Ccl] = {}
     for rail in topo.rails:
         if rank not in rail.members:
             continue
@@ -95,6 +97,8 @@ def build_fabric(store, rank: int, size: int, timeout: timedelta, topo: Topology
         inner.append(pg)
         rails[rail.index] = Ccl(pg, gloo_caps, f"rail {rail.index} gloo group (ranks "
                                 f"{[granks[r] for r in rail.members]})", pos, len(rail.members), CPU, timeout)
+        if topo.rail_mode:   # the all_to_all rail step's second direction (hal.ccl_bridge.duplex)
+            rails_back[rail.index] = back_group(store, rail, pos, timeout, granks, gloo_caps, inner)
     native = not acc.emulated and acc.device.type != "cpu"
     scratch = ScratchPool(pin=acc.pin_memory if native else None)
     if native:  # pinned host staging, allocated once: a chunk's shard per pipeline slot (see allreduce)
@@ -102,7 +106,8 @@ def build_fabric(store, rank: int, size: int, timeout: timedelta, topo: Topology
             scratch.reserve(("host", ("rail", slot)), config.chunk_bytes // sc.size + 64 * topo.parts, CPU)
         scratch.reserve(("host", "leader"), config.small_bytes, CPU)
     return Fabric(topo=topo, rank=rank, config=config, timeout=timeout, intra=intra, glob=glob, rails=rails,
-                  scratch=scratch, sync=DeviceSync(acc), global_ranks=granks, inner_groups=inner)
+                  scratch=scratch, sync=DeviceSync(acc), global_ranks=granks, inner_groups=inner,
+                  rails_back=rails_back)
 
 
 def create(dist_opts, pg_options=None):

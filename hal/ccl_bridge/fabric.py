@@ -4,10 +4,13 @@ For a group of W ranks in k sub-clusters (see `topology`), each rank holds:
 - `intra`: its sub-cluster's CCL (`hal.accelerator().new_process_group`: the vendor group when the
   chip is native, the CPU fabric when emulated), wrapped in a `Ccl` with the chip's capability matrix;
 - `rails`: one gloo group per rail it sits on (the cross-sub-cluster transport, host memory);
+- `rails_back`: in rail mode, a second gloo group per rail, so the all_to_all rail step sends each
+  direction on its own connection (`duplex`);
 - `glob`: one gloo group over all W ranks, for the leader fallbacks, gather, scatter,
   cross-sub-cluster send/recv, barrier and the debug-mode agreement check.
 Every inner group is built from a `PrefixStore` of the creator's store with the group's timeout, in
-the same order on every rank (global, intra, rails by index): gloo's constructor waits for its
+the same order on every rank (global, intra, rails by index, each
+rail followed by its back group): gloo's constructor waits for its
 peers, and a common order means no two ranks wait on each other crosswise.
 """
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Fabric:
     global_ranks: Optional[list[int]] = None
     inner_groups: list[Any] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)  # elements moved per path (tests, describe())
+    rails_back: dict[int, Ccl] = field(default_factory=dict)  # rail index -> its back group (`duplex`)
 
     def count(self, key: str, elements: int) -> None:
         self.counters[key] = self.counters.get(key, 0) + elements
