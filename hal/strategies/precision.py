@@ -111,6 +111,17 @@ class Precision:
         return "/".join(kinds) + (" (float16 ranks: dynamic loss scaling)" if self.loss_scaling else "")
 
 
+def facts_dtype(chip: str, model: Optional[str]) -> str:
+    """The 16-bit dtype the planner prices `chip` (`model`) at: bfloat16, or float16 on a catalogued chip
+    whose profile has no bfloat16 (Ascend 910A)."""
+    from hal.core import catalog
+    try:
+        has = chip_dtypes(catalog.profile_for(chip, model))
+    except Exception:  # a chip the catalog lacks (cpu, an out-of-tree plugin): the planner's default
+        return "bfloat16"
+    return "float16" if "bfloat16" not in has and "float16" in has else "bfloat16"
+
+
 def activation_bytes(requested: str) -> int:
     """Bytes per activation element a run in `requested` precision moves (the planner's dtype_bytes)."""
     return 4 if requested == "fp32" else 2

@@ -50,7 +50,8 @@ def auto_plan(cfg, topo, model_cfg, link: Optional[tuple[float, float]]):
         from hal.emulation import timed
         lat, bw = link if link is not None else (0.0, 1e12)
         facts = emulated_chip_facts(topo, timed.time_scale(), bw, lat, timed.charge_dtype())
-        dtype_bytes = 4  # build_model's tensors are float32 on the host; bytes are charged as run
+        from hal.strategies.precision import activation_bytes
+        dtype_bytes = activation_bytes(cfg.train.precision)  # bytes are charged as run: fp32 4, bf16/fp16 2
         result = search(facts, ModelFacts(model_cfg, dtype_bytes=dtype_bytes), cfg.global_batch, node_of=node_of,
                         max_pp=cfg.plan.max_pp)
     else:

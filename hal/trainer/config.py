@@ -226,6 +226,10 @@ class TrainSection(_Section):
         "parameter), or skip the optimizer step on every rank and count it (hal.trainer.nonfinite)")
     max_skipped: int = Field(default=10, ge=0, description="on_nonfinite = skip: stop once more steps than this "
                              "were skipped")
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = Field(
+        default="fp32", description="compute dtype, float32 master weights and gradient reduction either way: "
+        "auto = bf16 on chips whose profile has bfloat16, fp16 with dynamic loss scaling on one without "
+        "(hal.strategies.precision); a dtype a chip lacks is refused naming rank, chip and dtype")
 
 
 class TrainConfig(_Section, FieldErrorModel):

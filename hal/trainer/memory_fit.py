@@ -7,7 +7,8 @@ A plan that does not fit is a `PlanMemoryError` listing each rank over its chip'
 model, bytes needed and usable bytes in GiB (the capacity the planner uses, hal.strategies.planner.facts:
 the catalog profile's memory, or its stated default, less the planner's headroom). Emulated chips are held
 to the memory of the chip they emulate (their tensors live in this host's RAM, which is not checked here);
-the model's tensors are float32 as hal.strategies.models builds them, so activations are priced at 4 bytes.
+activations are priced at the bytes of the run's `[train] precision` (4 for fp32, 2 for bf16/fp16; master
+weights, gradients and AdamW state are the planner's mixed-precision 16 bytes per parameter either way).
 """
 from __future__ import annotations
 
@@ -16,30 +17,31 @@ from typing import Any
 from hal.contract.errors import HalError
 
 GIB = float(1 << 30)
-DTYPE_BYTES = 4  # build_model's parameters and activations are float32
 
 
 class PlanMemoryError(HalError, ValueError):
     """A plan whose ranks need more memory than their chips have (the figures per rank)."""
 
 
-def memory_per_rank(plan: Any, topo: Any, model_cfg: Any) -> tuple[list, dict]:
+def memory_per_rank(plan: Any, topo: Any, model_cfg: Any, precision: str = "fp32") -> tuple[list, dict]:
     """(the planner's RankStats of `plan` on `topo`: memory_bytes and capacity_bytes per rank, the
-    ChipFacts of each sub-cluster by name)."""
+    ChipFacts of each sub-cluster by name). `precision` ([train] precision): activations at its bytes,
+    each chip's facts at the 16-bit dtype it has (hal.strategies.precision; a 910A has no bfloat16)."""
+    from hal.strategies.precision import activation_bytes, facts_dtype
     from hal.strategies.planner.convert import from_plan
     from hal.strategies.planner.cost import ModelFacts
     from hal.strategies.planner.facts import chip_facts, load_matrices
     from hal.strategies.planner.simulate import simulate
     matrices = load_matrices(None)
-    facts = [chip_facts(sc, matrices) for sc in topo.sub_clusters]
+    facts = [chip_facts(sc, matrices, dtype=facts_dtype(sc.chip, sc.model)) for sc in topo.sub_clusters]
     node_of = {r: topo.node_of(r) for r in range(topo.world_size)}
-    sim = simulate(from_plan(plan, facts, node_of), ModelFacts(model_cfg, dtype_bytes=DTYPE_BYTES))
+    sim = simulate(from_plan(plan, facts, node_of), ModelFacts(model_cfg, dtype_bytes=activation_bytes(precision)))
     return sim.ranks, {f.name: f for f in facts}
 
 
-def check_fits(plan: Any, topo: Any, model_cfg: Any, source: str) -> None:
+def check_fits(plan: Any, topo: Any, model_cfg: Any, source: str, precision: str = "fp32") -> None:
     """PlanMemoryError naming every rank whose share of `plan` exceeds its chip's memory."""
-    ranks, facts = memory_per_rank(plan, topo, model_cfg)
+    ranks, facts = memory_per_rank(plan, topo, model_cfg, precision)
     over = [r for r in ranks if r.memory_bytes > r.capacity_bytes]
     if not over:
         return

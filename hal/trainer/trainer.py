@@ -98,7 +98,7 @@ def make_plan(cfg: TrainConfig, topo, model_cfg, group):
                                f"the plan runs {plan.num_microbatches} micro-batches x {plan.microbatch_size} "
                                f"rows = {plan.global_batch}")
     from .memory_fit import check_fits  # every plan source, before launch and on the ranks
-    check_fits(plan, topo, model_cfg, cfg.plan.source)
+    check_fits(plan, topo, model_cfg, cfg.plan.source, cfg.train.precision)
     return plan
 
 
@@ -162,19 +162,27 @@ class Trainer:
             from .replan import choose_plan
             self.plan, self.weighted = choose_plan(cfg, self.plan, self.topology, self.model_cfg, self.book)
         acc = self.accelerator
+        from hal.strategies.precision import Precision, resolve_dtype
+        dtype = resolve_dtype(cfg.train.precision, acc.profile, self.rank, acc.chip.name)
         chips: list = [None] * self.world
         dist.all_gather_object(chips, {"rank": self.rank, "chip": acc.chip.name, "emulated": bool(acc.emulated),
-                                       "plugin": acc.plugin, "rows": replica_rows(self.plan, self.rank)},
-                               group=self.book)
+                                       "plugin": acc.plugin, "rows": replica_rows(self.plan, self.rank),
+                                       "dtype": dtype}, group=self.book)
         self.chips = chips
+        self.precision = Precision([c["dtype"] for c in chips], self.rank)
 
     def _build_model(self) -> None:
+        """Build on meta -> apply_plan (this rank's stages, TP shards, experts) -> materialise them
+        (`materialize_weights`, the hook: init from the seed) -> `[model] hf` weights replace the init."""
         from hal.strategies.apply import apply_plan
         from hal.strategies.models import build_model
+        from hal.strategies.precision import LossScaler
         torch.manual_seed(self.cfg.seed)
-        self.model = build_model(self.model_cfg, self.cfg.seed)
+        self.model = build_model(self.model_cfg, self.cfg.seed, device="meta")  # no storage: no rank holds it all
         self.run = apply_plan(self.model, self.plan, self.topology, model_cfg=self.model_cfg,
-                              timeout=timedelta(seconds=self.cfg.timeout_s))
+                              timeout=timedelta(seconds=self.cfg.timeout_s), materialize=self.materialize_weights,
+                              precision=self.precision)
+        self.scaler = LossScaler() if self.precision.loss_scaling else None  # float16 somewhere: one world scale
         self.hf_loaded = None
         if self.cfg.model.hf is not None:  # [model] hf: its weights replace the init, this rank's tensors only
             from hal.strategies.models.hf_io import load_hf_weights
@@ -182,6 +190,12 @@ class Trainer:
                                              self.rank)
         self.params = self.run.parameters()
         self.optimizer = build_optimizer(self.cfg, self.params)
+
+    def materialize_weights(self, stage: torch.nn.Module) -> None:
+        """apply_plan's materialize hook: allocate this rank's meta parameters of one stage (its TP/FSDP2
+        shards, its experts) and fill them with their init values (a function of seed, name, shape)."""
+        from hal.strategies.models.init import materialize
+        materialize(stage, self.cfg.seed)
 
     def _build_components(self) -> None:
         from .checkpoint import Checkpointer
@@ -247,16 +261,23 @@ class Trainer:
         self._step_t0 = time.perf_counter()
         self.links.begin()
         self.metrics.begin()
+        if self.scaler is not None:
+            self.run.set_loss_scale(self.scaler.scale)
         loss = float(self.run.step(inputs, targets))
         self.faults.after_backward(step + 1, self.named_params)  # test-only [debug] nan_grad
+        stepped = self.scaler is None or self.scaler.step(self.params, self.book, cfg.timeout_s, step + 1)
         grad_norm = global_grad_norm(self.run, self.plan, self.rank, self.book)
-        skip = self.nonfinite.check(step + 1, loss, grad_norm, self.named_params)  # stop, or skip on every rank
+        # a non-finite loss, gradient or grad norm: stop, or skip on every rank (hal.trainer.nonfinite); a
+        # float16 overflow the scaler skipped (stepped False, agreed by every rank) is not one
+        skip = stepped and self.nonfinite.check(step + 1, loss, grad_norm, self.named_params)
         if self.optimizer is not None:
-            if not skip:
+            if stepped and not skip:  # stepped False: a float16 overflow somewhere, every rank skips (LossScaler)
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self.losses.append(loss)
         record = self.metrics.end(step + 1, loss, lr, grad_norm, self.links.issue_s())
+        if self.scaler is not None:
+            record.update(loss_scale=self.scaler.scale, amp_skipped=int(not stepped))
         if self.nonfinite.skipped:
             record["nonfinite_skipped"] = self.nonfinite.skipped
         return record
