@@ -3,7 +3,7 @@ compares measurements with, for the 2 x 2 bed and for a sub-cluster spanning two
 intra-sub-cluster steps that cross hosts are priced at the NIC rate. In-process, no ranks."""
 import pytest
 
-from hal.core.link_model import collective_seconds, traffic
+from hal.core.link_model import all_to_all_seconds, collective_seconds, traffic
 from hal.core.topology import Topology, TopologyError
 from hal.testbed import BedSpec
 
@@ -45,6 +45,12 @@ def test_uneven_rails_and_refusals():
     # cuda ring 0-1-2 crosses host 0 -> host 1 -> host 0: 4/3 S; each of the 3 rails adds 1/3 S
     assert _model(spec, "all_reduce", "hetero") == pytest.approx(4 / 3 + 1 / 3)
     assert _model(spec, "all_to_all", "hetero") == pytest.approx(0.75)   # the lone rank: 3 of S/4 out
+    # uneven all_to_all (a MoE exchange): only rank 0 sends, S to rank 3, relayed by rank 1 on 2 x 2
+    two = BedSpec.of([2, 2], rate="200 Mb/s", chips=["cuda"] * 2 + ["ascend"] * 2).topology()
+    one_block = [[0, 0, 0, S], [0] * 4, [0] * 4, [0] * 4]
+    assert all_to_all_seconds(two, "hetero", one_block) * B / S == pytest.approx(1.0)
+    with pytest.raises(TopologyError, match="4 x 4"):
+        all_to_all_seconds(two, "hetero", [[0] * 4] * 3)
     with pytest.raises(TopologyError, match="op='broadcast'"):
         collective_seconds(spec.topology(), "broadcast", "hetero", S)
     with pytest.raises(TopologyError, match="algorithm='nccl'"):

@@ -99,3 +99,30 @@ def test_bridge_matrix_uneven_hosts(job, i, coll):
         assert not v["failures"], f"rank {r} {coll}: {v['failures'][:10]}"
         total += v["checks"]
     assert total > 0
+
+
+SPAN = "cuda:3,ascend:1"   # HAL_EMULATE over the spec's chips: cuda on hosts 0 (2 ranks) and 1 (1 rank)
+
+
+def test_sub_cluster_spanning_two_hosts(bed):
+    """One more job on this bed with cuda spanning hosts 0 and 1 and ascend on host 2 (3+1): the cuda
+    sub-cluster's CCL crosses host 0 -> host 1 NICs (HAL_CPU_CCL=auto: gloo, since its ranks are on
+    two hosts), its rails reach the lone ascend rank from both hosts; all_reduce (int32, exact) and
+    all_to_all (exact copies) across it match the reference on every rank."""
+    cases = [["identity"], ["tests._bridge_cases:setup", 60.0],
+             ["tests._bridge_cases:matrix", "all_reduce+reduce", ["int32"], ["sum"], [7, 70_000]],
+             ["tests._bridge_cases:matrix", "all_to_all", ["float32"], ["sum"], [8, 70_000]]]
+    result, per_rank = run_cases(bed, cases, 60.0, WALL, env={"HAL_EMULATE": SPAN})
+    assert result.ok and sorted(per_rank) == [0, 1, 2, 3], f"{result.describe()}\n{result.tail()}"
+    for r, recs in per_rank.items():
+        for rec in recs:
+            assert rec["ok"], f"rank {r} {rec['case']}: {rec.get('error_type')}: {rec.get('error')}"
+    ids = {r: per_rank[r][0]["value"] for r in range(4)}
+    assert [(ids[r]["chip"], ids[r]["node_rank"]) for r in range(4)] == [
+        ("cuda", 0), ("cuda", 0), ("cuda", 1), ("ascend", 2)], ids
+    assert [ids[r]["intra_pg"] for r in range(4)] == ["StridedSafeGloo"] * 3 + [None], ids
+    assert [rl["members"] for rl in ids[0]["topology"]["rails"]] == [[0, 3], [1, 3], [2, 3]]
+    for i in (2, 3):
+        v = [per_rank[r][i]["value"] for r in range(4)]
+        assert all(not x["failures"] and x["rail_mode"] for x in v), v
+        assert sum(x["checks"] for x in v) > 0

@@ -3,6 +3,7 @@
     from hal.core.link_model import collective_seconds
     collective_seconds(topo, "all_reduce", "hetero", size_bytes)   # the bridge's algorithm
     collective_seconds(topo, "all_to_all", "gloo", size_bytes)     # flat gloo over every rank
+    all_to_all_seconds(topo, "hetero", matrix)                     # matrix[s][d]: bytes s sends to d
 
 What it counts: every byte the algorithm moves between two ranks (payload only, no headers), put on
 the link `Topology.link(a, b)` prices: a rank pair on one node of one sub-cluster uses that
@@ -95,20 +96,41 @@ def traffic(topo: Topology, op: str, algorithm: str, size_bytes: float) -> _Load
             share, L = S * (rail.end_part - rail.first_part) / lay.parts, len(rail.members)
             _ring(load, list(rail.members), 2 * (L - 1) / L * share)
     else:
-        for s in range(W):
-            for d in range(W):
-                if algorithm == "gloo" or lay.single_chip or lay.cluster_of[s] == lay.cluster_of[d]:
-                    load.move(s, d, S / W)
-                    continue
-                if not lay.rail_mode:
-                    raise TopologyError(f"link model: {lay.parts} parts exceed max_parts; the leader-only "
-                                        f"all_to_all is not modelled")
-                relay = lay.rails[cross_rail(lay, s, d)].members[lay.cluster_of[s]]
-                load.move(s, relay, S / W)
-                load.move(relay, d, S / W)
+        _all_to_all(load, algorithm, [[S / W] * W for _ in range(W)])
     return load
+
+
+def _all_to_all(load: _Load, algorithm: str, matrix) -> None:
+    lay = load.topo.layout
+    W = lay.world_size
+    for s in range(W):
+        for d in range(W):
+            nbytes = float(matrix[s][d])
+            if algorithm == "gloo" or lay.single_chip or lay.cluster_of[s] == lay.cluster_of[d]:
+                load.move(s, d, nbytes)
+                continue
+            if not lay.rail_mode:
+                raise TopologyError(f"link model: {lay.parts} parts exceed max_parts; the leader-only "
+                                    f"all_to_all is not modelled")
+            relay = lay.rails[cross_rail(lay, s, d)].members[lay.cluster_of[s]]
+            load.move(s, relay, nbytes)
+            load.move(relay, d, nbytes)
 
 
 def collective_seconds(topo: Topology, op: str, algorithm: str, size_bytes: float) -> float:
     """Seconds for one `op` of `size_bytes` per rank at link rate alone (the busiest resource)."""
     return traffic(topo, op, algorithm, size_bytes).seconds()
+
+
+def all_to_all_seconds(topo: Topology, algorithm: str, matrix) -> float:
+    """Seconds for one all_to_all where rank s sends `matrix[s][d]` bytes to rank d (uneven splits,
+    e.g. a MoE token exchange), at link rate alone."""
+    W = topo.world_size
+    if algorithm not in ALGORITHMS:
+        raise TopologyError(f"link model: algorithm={algorithm!r}, expected one of {ALGORITHMS}")
+    if len(matrix) != W or any(len(row) != W for row in matrix):
+        raise TopologyError(f"link model: the all_to_all matrix must be {W} x {W} (one row and column per "
+                            f"rank), got {[len(row) for row in matrix]}")
+    load = _Load(topo)
+    _all_to_all(load, algorithm, matrix)
+    return load.seconds()
