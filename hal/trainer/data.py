@@ -229,16 +229,6 @@ class Corpus:
         return self.tokenizer.vocab_size
 
     @classmethod
-    def build(cls, roots: Sequence[Path], pattern: str, max_bytes: int, val_fraction: float,
-              source: str) -> "Corpus":
-        """A bytes corpus of text files (kept for callers that have no TrainConfig)."""
-        from types import SimpleNamespace
-        d = SimpleNamespace(source="files", paths=[str(r) for r in roots], glob=pattern, max_bytes=max_bytes,
-                            val_fraction=val_fraction, text_field="text")
-        docs = read_documents(SimpleNamespace(data=d, resolve=Path))
-        return cls(_bytes(docs.train), _bytes(docs.val), docs.files, source)
-
-    @classmethod
     def from_config(cls, cfg) -> "Corpus":
         """The configured corpus; a tokenizer other than bytes reads the token cache, building it when
         missing (call it on one rank first: `load_corpus`)."""

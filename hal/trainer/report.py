@@ -21,9 +21,11 @@ def write_report(cfg, plan, summary: dict, slow_links) -> None:
     summary.update(finish_report(cfg, plan, summary))
     path = cfg.run_dir / "summary.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")
+    uniform = summary.get("uniform_baseline", math.log(VOCAB))  # ln of the tokenizer's vocab
+    vocab = round(math.exp(uniform))
     log.info(f"hal train: steps {summary['start_step']}..{summary['end_step']} in {summary['train_s']:.1f} s; final "
-             f"validation loss {summary['final_val_loss']:.4f} nats (uniform bytes: ln 256 = {math.log(VOCAB):.3f}); "
-             f"summary {path}")
+             f"validation loss {summary['final_val_loss']:.4f} nats (uniform {'bytes' if vocab == VOCAB else 'tokens'}:"
+             f" ln {vocab} = {uniform:.3f}); summary {path}")
     for c in summary["chips"]:
         log.info(f"  rank {c['rank']}: {c['chip']:<7} {'EMULATED on this host CPU' if c['emulated'] else 'native'}"
                  f"  rows {c['rows']}")
