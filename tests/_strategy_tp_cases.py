@@ -18,7 +18,13 @@ from hal.strategies.models import ModelConfig, build_gpt, lm_loss, make_batches
 DENSE = ModelConfig(name="tp-tiny", layers=2, hidden=48, heads=6, ffn=96, vocab=64, seq=12)
 MOE = ModelConfig(name="tp-tiny-moe", layers=2, hidden=48, heads=6, ffn=36, vocab=64, seq=12, experts=4,
                   top_k=2, capacity_factor=1.0, moe_aux_loss_coef=0.1)
-CFGS = {"dense": DENSE, "moe": MOE}
+# every family feature at once (GQA 12 query / 6 K/V heads of 4 dims, q/k/v biases, q/k norms, llama3 rope
+# scaling, tied head, MoE with a gated shared expert and raw top-k gates): TP 3 and 2 divide both head counts
+FAMILY = ModelConfig(name="tp-tiny-family", layers=2, hidden=48, heads=12, kv_heads=6, ffn=36, vocab=64, seq=12,
+                     qkv_bias=True, qk_norm=True, tie_embeddings=True, experts=4, top_k=2, capacity_factor=1.0,
+                     shared_experts=1, shared_ffn=24, shared_expert_gate=True, norm_topk_prob=False,
+                     rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=4))
+CFGS = {"dense": DENSE, "moe": MOE, "family": FAMILY}
 MODEL_SEED, DATA_SEED = 0, 1
 STEPS, GLOBAL_BATCH, LR = 3, 4, 1.0
 

@@ -6,8 +6,9 @@ One 6-rank WorkerPool (module-scoped, emulated): cuda:3 (ranks 0-2), kunlun:2 (3
 [0, 1, 2], TP 2 on the kunlun ranks [3, 4], TP 1 on the ascend rank [5] (the mixed layout a plan gives:
 a different TP degree per chip kind), each on the whole global batch of the tiny GPT
 (hal.strategies.models, 6 heads: 2 per rank at TP 3, 3 at TP 2), with and without sequence-parallel norms,
-dense and MoE. Parameters after 3 SGD steps, gathered from their DTensor shards, are compared with a
-single-process run computed on the rank.
+dense, and MoE with every family feature ("family": GQA, q/k/v biases, q/k norms, rope scaling, tied
+head, a gated shared expert). Parameters after 3 SGD steps, gathered from their DTensor shards, are
+compared with a single-process run computed on the rank.
 
 Tolerance: every fp32 parameter within 1e-5 absolute of the single-process run. The difference is
 summation order only (a row-parallel linear sums TP partial products by all-reduce / reduce-scatter
@@ -46,7 +47,7 @@ def _check(r: dict) -> None:
     assert r["losses"] == pytest.approx(r["ref_losses"], abs=1e-5)
 
 
-@pytest.mark.parametrize("kind,sp", [("dense", True), ("dense", False), ("moe", True)])
+@pytest.mark.parametrize("kind,sp", [("dense", True), ("dense", False), ("family", True)])
 def test_tp_matches_single_process(pool, kind, sp):
     results = pool.run(cases.train_tp, PER_CHIP, kind, sp, timeout=400)
     assert [r["tp"] for r in results] == [3, 3, 3, 2, 2, 1]

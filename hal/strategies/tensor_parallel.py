@@ -6,14 +6,21 @@ row parallel attention and MLP, sequence-parallel norms (Megatron-SP), never acr
 
 The plan follows torchtitan's Llama plan (pytorch/torchtitan torchtitan/models/llama3/infra/
 parallelize.py, `apply_tp`, read at commit 018740b), with the module names of hal.strategies.models.GPT:
-    blocks[i].attn.wq / wk / wv   ColwiseParallel          (heads split: each TP rank owns heads/tp)
+    blocks[i].attn.wq / wk / wv   ColwiseParallel          (heads split: each TP rank owns heads/tp query
+                                                           heads and kv_heads/tp K/V heads (GQA), so its
+                                                           query heads' K/V heads are local; q/k/v biases
+                                                           shard with them)
+    blocks[i].attn.q_norm/k_norm  SequenceParallel(sequence_dim=2) (Qwen3: gains Replicate over inputs
+                                                           sharded on the head dim, so their gradient
+                                                           sums over every rank's heads)
     blocks[i].attn.wo             RowwiseParallel          (output Shard(1) with SP, else all-reduced)
     blocks[i].mlp.w1 / w3         ColwiseParallel
     blocks[i].mlp.w2              RowwiseParallel
     blocks[i].attn_norm/ffn_norm  SequenceParallel         (when sequence_parallel)
     blocks[i].attn / mlp / moe    PrepareModuleInput       (SP: all-gather the sequence before them)
     blocks[i].moe                 not sharded: it runs on the full activation, replicated over TP (its
-                                  experts are spread by expert parallelism instead, see expert_parallel)
+                                  experts are spread by expert parallelism instead, see expert_parallel;
+                                  its shared experts and gate are replicated too)
 Stage boundaries carry FULL activations (every TP rank the same tensor): with sequence parallel the
 first block of a stage takes its sequence chunk (a local slice, no communication) and the last block
 all-gathers the sequence back, so a pipeline stage of any TP degree, the embedding, the final norm, the
@@ -98,10 +105,14 @@ def _check_divides(model: nn.Module, tp: int) -> None:
         hd = getattr(attn, "head_dim", None)
         out = attn.wq.out_features
         if hd:
-            heads = out // hd
+            heads, kv = out // hd, attn.wk.out_features // hd
             if heads % tp:
                 raise TensorParallelError(f"{name}.attn: {heads} attention heads (wq {out} = {heads} x head_dim "
                                           f"{hd}) do not divide by the TP degree {tp}")
+            if kv % tp:
+                raise TensorParallelError(f"{name}.attn: {kv} key/value heads (wk {attn.wk.out_features} = {kv} x "
+                                          f"head_dim {hd}) do not divide by the TP degree {tp}; each TP rank needs "
+                                          f"whole K/V heads (GQA: kv_heads % tp == 0)")
         for lin in ("wq", "wk", "wv"):
             n = getattr(attn, lin).out_features
             if n % tp:
@@ -134,6 +145,12 @@ def block_plan(block: nn.Module, sequence_parallel: bool, first: bool, last: boo
     if ffn == "mlp":
         plan.update({"mlp.w1": ColwiseParallel(), "mlp.w3": ColwiseParallel(),
                      "mlp.w2": RowwiseParallel(output_layouts=seq if sequence_parallel else rep)})
+    if hasattr(block.attn, "q_norm"):
+        # q/k norms (one gain over head_dim shared by all heads) see this rank's heads only: their gains
+        # are Replicate DTensors on inputs sharded on the head dim (2 of (b, s, heads, d)), so DTensor
+        # sums the gains' gradient over the TP ranks' heads, as the single-process model does
+        for norm in ("attn.q_norm", "attn.k_norm"):
+            plan[norm] = SequenceParallel(sequence_dim=2, use_local_output=True)
     if not sequence_parallel:
         return plan
     plan.update({
@@ -203,7 +220,7 @@ def apply_tp(model: nn.Module, tp_group: Optional[dist.ProcessGroup] = None, seq
     """Shard `model` (a GPT, a pipeline stage of it, or one Block) over `tp_group` in place.
 
     Checks first, with the numbers in TensorParallelError: the group lies in one sub-cluster (one chip
-    kind), heads and ffn width divide by the TP degree. Parameters of the sharded modules become
+    kind), query heads, key/value heads and ffn width divide by the TP degree. Parameters of the sharded modules become
     DTensors on the returned 1-D mesh (attention/MLP linears Shard(0)/Shard(1), norms Replicate when
     sequence_parallel); the forward of the model is unchanged for its caller (full activations in
     and out). A 1-rank group still makes the sharded parameters DTensors (of full size).
