@@ -50,8 +50,10 @@ def pm():
 
 
 @pytest.fixture
-def xmlir():
-    """The stand-in torch_xmlir on sys.path (a KunlunXin PyTorch build), two 'P800' XPUs."""
+def xmlir(monkeypatch):
+    """The stand-in torch_xmlir on sys.path (a KunlunXin PyTorch build), two 'P800' XPUs. The stack
+    ships its own torch 2.5.1, so torch's version reads as that one (hal_kunlun refuses any other)."""
+    monkeypatch.setattr(torch, "__version__", "2.5.1")
     stand_ins.activate()
     xpu = importlib.import_module("torch_xmlir.xpu")
     xpu.NAMES[:] = ["P800", "P800"]
@@ -229,3 +231,13 @@ def test_kunlun_kernels_pass_the_golden_on_cpu_tensors(dtype):
     failures = [r.describe() for k in hal_kunlun.PLUGIN.chip.op_kernels(emulated=False)
                 for r in golden.check_op(k.fn, k.op, dtype, k.name) if not r.ok]
     assert not failures, "\n".join(failures)
+
+
+def test_a_torch_the_kunlun_stack_does_not_ship_is_refused_in_one_line(pm, devices, xmlir, monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")  # stock torch under a Kunlun build: refused
+    found = hal_kunlun.probe()
+    assert not found["native"]
+    assert "torch 2.13.0+cpu is not supported by the KunlunXin stack" in found["reason"]
+    assert ">= 2.5, < 2.6" in found["reason"] and "\n" not in found["reason"]
+    with pytest.raises(hal.ChipUnavailableError, match="not natively available"):
+        hal.bind("kunlun", pm=pm)

@@ -45,6 +45,10 @@ class ChipUnavailableError(HalError):
     """A chip was asked for natively but is not present on this machine."""
 
 
+class TorchVersionError(HalError):
+    """The installed torch is outside what the HAL or a plugin's vendor stack supports (names both)."""
+
+
 class ChipSelectionError(HalError, ValueError):
     """HAL_CHIP / HAL_EMULATE / the cluster spec could not be turned into a chip for this rank."""
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from hal import sdk
+
 ADAPTER = "torch_npu"
 
 
@@ -30,6 +32,9 @@ def probe() -> dict[str, Any]:
     except Exception as exc:
         return {**found, "native": False, "reason": f"import {ADAPTER} failed: {type(exc).__name__}: {exc}"}
     found["adapter_version"] = getattr(module, "__version__", None)
+    mismatch = torch_pairing_problem(str(found["adapter_version"]), torch.__version__)
+    if mismatch:
+        return {**found, "native": False, "reason": mismatch}
     npu = getattr(torch, "npu", None)
     if npu is None:
         return {**found, "native": False, "reason": f"{ADAPTER} imported but torch.npu is missing"}
@@ -41,3 +46,20 @@ def probe() -> dict[str, Any]:
     if count < 1:
         return {**found, "native": False, "reason": "torch.npu.device_count() is 0"}
     return {**found, "native": True, "reason": f"{count} Ascend NPU(s) visible"}
+
+
+def torch_pairing_problem(npu_version: str, torch_version: str) -> str | None:
+    """torch_npu is built for exactly one torch: its version is that torch's (2.5.1 for torch 2.5.1,
+    with .postN / rcN suffixes; Ascend/pytorch README, "Ascend Auxiliary Software" version table).
+    A pair that differs, or a torch below the HAL's floor, is refused with one line; None when fine."""
+    floor = sdk.torch_problem("hal_ascend", sdk.TORCH_FLOOR, version=torch_version)
+    if floor:
+        return floor
+    try:
+        built_for = sdk.parse_version(npu_version)
+    except ValueError:
+        return None  # a build without a readable version: nothing to compare (recorded in adapter_version)
+    if built_for != sdk.parse_version(torch_version):
+        return (f"torch_npu {npu_version} is built for torch {'.'.join(map(str, built_for))}, but torch is "
+                f"{torch_version}: install the matching pair (Ascend/pytorch README's version table)")
+    return None

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from hal import sdk
+
 KUNLUN_ADAPTER = "torch_xmlir"
 
 
@@ -32,8 +34,12 @@ def probe() -> dict[str, Any]:
         "kunlun_adapter_installed": _installed(KUNLUN_ADAPTER),
         "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
+    too_old = sdk.torch_problem("hal_cuda (ProcessGroupNCCL options and FSDP2 as of torch 2.5)", sdk.TORCH_FLOOR)
+    if too_old:
+        return {**found, "native": False, "reason": too_old}
     if found["torch_cuda_version"] is None:
-        return {**found, "native": False, "reason": "torch was built without CUDA"}
+        return {**found, "native": False, "reason": f"torch {torch.__version__} was built without CUDA (a CPU "
+                                                    f"build): install a CUDA build of torch for NVIDIA GPUs"}
     if found["torch_hip_version"]:
         return {**found, "native": False, "reason": "torch is a ROCm (HIP) build: AMD GPUs, not this chip"}
     if found["kunlun_adapter_installed"]:

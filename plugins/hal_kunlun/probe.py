@@ -31,7 +31,14 @@ from typing import Any, MutableMapping, Optional
 
 import torch
 
+from hal import sdk
+
 ADAPTER = "torch_xmlir"
+# The torch the KunlunXin stack is built for: 2.5.x (baidu/vLLM-Kunlun's installation docs install
+# torch 2.5.1 and patch it; baidu-baige/sglang-kunlun says torch 2.5.x). Its torch_xmlir is built
+# against that torch, so a process with another torch is refused natively (emulation is unaffected).
+SUPPORTED_TORCH = ((2, 5), (2, 6))
+TORCH_SOURCE = "baidu/vLLM-Kunlun installation docs: torch 2.5.1; baidu-baige/sglang-kunlun: torch 2.5.x"
 SOURCES = ("baidu-baige/sglang-kunlun sglang_kunlun/platform/srt.py (activate: torch_xmlir importable)",
            "baidu/vLLM-Kunlun vllm_kunlun/platforms/kunlun.py (device_type cuda, dist_backend nccl)")
 
@@ -48,6 +55,9 @@ def probe() -> dict[str, Any]:
         installed = False
     if not installed:
         return {**found, "native": False, "reason": f"{ADAPTER} is not installed (not KunlunXin's PyTorch build)"}
+    wrong_torch = sdk.torch_problem("the KunlunXin stack (torch_xmlir)", *SUPPORTED_TORCH, source=TORCH_SOURCE)
+    if wrong_torch:
+        return {**found, "native": False, "reason": wrong_torch}
     conflict = sync_visible_devices(os.environ)
     found.update({k: os.environ.get(k) for k in VISIBLE_ENVS})
     if conflict:
