@@ -128,7 +128,8 @@ def _run(pool, config: dict) -> list[dict]:
 
 
 def test_train_lowers_loss_repeats_bitwise_and_resumes_bitwise(pool, tmp_path):
-    a = _run(pool, _config(tmp_path / "a"))
+    log_a = {"dir": str(tmp_path / "a"), "val_interval": 20, "val_batches": 2, "tensorboard": True}
+    a = _run(pool, _config(tmp_path / "a", log=log_a))  # run a also writes TensorBoard event files
     assert [r["chip"] for r in a] == ["cuda", "cuda", "ascend", "ascend"]
     val = a[0]["final_val_loss"]
     assert val < math.log(256) - 1.0, f"validation loss {val:.3f} not well below ln 256 = {math.log(256):.3f}"
@@ -137,6 +138,13 @@ def test_train_lowers_loss_repeats_bitwise_and_resumes_bitwise(pool, tmp_path):
     assert summary["final_val_loss"] == val and [c["chip"] for c in summary["chips"]] == ["cuda", "cuda", "ascend", "ascend"]
     lines = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(1, STEPS + 1)) and len(lines[0]["rank_step_s"]) == 4
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / "a" / "tensorboard"))  # the same scalars, read back
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(x["step"], pytest.approx(x["loss"]))
+                                                                         for x in lines]
+    assert [e.step for e in events.Scalars("val/loss")] == [20, STEPS] and "rank_step_s/r3_ascend" in \
+        events.Tags()["scalars"]
 
     b = _run(pool, _config(tmp_path / "b"))  # the same seed and plan: bit-identical
     assert [r["losses"] for r in b] == [r["losses"] for r in a]
@@ -144,7 +152,9 @@ def test_train_lowers_loss_repeats_bitwise_and_resumes_bitwise(pool, tmp_path):
 
     c1 = _run(pool, _config(tmp_path / "c", stop_after=STOP))  # stopped at step k ...
     assert c1[0]["end"] == STOP and c1[0]["digest"] != a[0]["digest"]
-    c2 = _run(pool, _config(tmp_path / "c"))  # ... resumed from its checkpoint to step n
+    position = json.loads((tmp_path / "c" / "checkpoints" / f"step_{STOP:08d}" / "data.json").read_text())
+    assert position["sequences"] == STOP * 8 and position["tokenizer"] == "bytes"  # the loader's, with the checkpoint
+    c2 = _run(pool, _config(tmp_path / "c"))  # ... resumed from its checkpoint to step n (and its data position)
     assert [r["start"] for r in c2] == [STOP] * 4
     assert [r["losses"] for r in c2] == [r["losses"][STOP:] for r in a]
     assert [r["digest"] for r in c2] == [r["digest"] for r in a]
