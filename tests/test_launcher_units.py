@@ -153,6 +153,7 @@ def test_each_launch_gets_its_own_ranks_log(tmp_path):
     assert ranks_log(tmp_path).name == "ranks.1.log"
     (tmp_path / "ranks.1.log").write_text("second")
     assert ranks_log(tmp_path).name == "ranks.2.log"
+    assert ranks_log(tmp_path, node=1).name == "ranks-node1.log"  # nodes sharing the run folder
 
 
 def test_the_config_sets_chips_and_timed_emulation_for_every_rank(tmp_path):
@@ -185,7 +186,7 @@ def test_the_watchdog_ends_a_process_whose_launcher_is_gone():
 
 
 def test_the_child_dies_with_its_launcher_and_ctrl_c_stops_it():
-    # the launcher: call_supervised(sleep); SIGKILL it: its child gets SIGTERM from the kernel
+    # the launcher: call_supervised(sleep); SIGKILL it: its child gets SIGKILL from the kernel
     code = ("import sys; from hal.launch.watchdog import call_supervised; "
             "print(call_supervised([sys.executable, '-c', 'import time, os; print(os.getpid(), flush=True); "
             "time.sleep(60)'], dict(__import__('os').environ)))")

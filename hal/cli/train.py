@@ -36,6 +36,7 @@ import importlib.util
 import os
 import sys
 import time
+from typing import Optional
 
 from hal.trainer.args import _OVERRIDES, add_arguments, config_env, load  # noqa: F401 - hal/cli/__init__.py calls add_arguments
 
@@ -201,7 +202,7 @@ def _launch(cfg, args: argparse.Namespace, node, nproc: int, env: dict, source: 
     from hal.testing import free_port  # the one free-port helper (hal.testing exports it)
     where = node.torchrun_args() if node.multi else ["--nnodes", "1", "--master-addr", "127.0.0.1",
                                                      "--master-port", str(free_port())]
-    elastic_dir = cfg.run_dir / "torchelastic"
+    elastic_dir = cfg.run_dir / ("torchelastic" if not node.multi else f"torchelastic-node{node.node_rank}")
     # hal.launch.rank_entry runs hal.trainer.loop and reports an uncaught error as one line for run_ranks
     cmd = [sys.executable, "-m", "torch.distributed.run", *where, "--nproc-per-node", str(nproc),
            "--max-restarts", str(getattr(args, "max_restarts", 0)), "--log-dir", str(elastic_dir),
@@ -218,20 +219,22 @@ def _launch(cfg, args: argparse.Namespace, node, nproc: int, env: dict, source: 
           + (": every chip EMULATED on this host's CPU" if emulated else ""), flush=True)
     t0 = time.perf_counter()
     try:
-        code = run_ranks("hal train", cmd, env, log=str(ranks_log(cfg.run_dir)))
+        code = run_ranks("hal train", cmd, env, log=str(ranks_log(cfg.run_dir, node.node_rank if node.multi else None)))
     finally:
         _remove_empty(elastic_dir)
     print(f"hal train: {'done' if code == 0 else f'FAILED (exit code {code})'} in {time.perf_counter() - t0:.0f} s")
     return code
 
 
-def ranks_log(run_dir) -> "os.PathLike":
+def ranks_log(run_dir, node: Optional[int] = None) -> "os.PathLike":
     """This launch's log of the ranks' stderr: ranks.log for the first launch in the folder, then
-    ranks.1.log, ranks.2.log, ... (a log is never overwritten by a later launch)."""
+    ranks.1.log, ranks.2.log, ... (a log is never overwritten by a later launch); on several nodes
+    sharing the folder each node has its own: ranks-node1.log, ranks-node1.1.log, ..."""
     from pathlib import Path
+    stem = "ranks" if node is None else f"ranks-node{node}"
     n = 0
     while True:
-        p = Path(run_dir) / ("ranks.log" if n == 0 else f"ranks.{n}.log")
+        p = Path(run_dir) / (f"{stem}.log" if n == 0 else f"{stem}.{n}.log")
         if not p.exists():
             return p
         n += 1

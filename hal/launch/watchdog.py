@@ -3,8 +3,11 @@ within seconds, so no orphan trains on in a run folder with no supervisor.
 
 Three links, each enough on its own for its step of the chain:
 - `hal` -> torchrun: torchrun is started with `die_with_parent` as its `preexec_fn`: the kernel sends
-  it SIGTERM when `hal` dies (Linux `prctl(PR_SET_PDEATHSIG)`, via ctypes); torchrun's SIGTERM handler
-  stops its workers.
+  it SIGKILL when `hal` dies (Linux `prctl(PR_SET_PDEATHSIG)`, via ctypes). Not SIGTERM: with SIGTERM, a
+  test-bed node's torchrun (2 nodes, loaded machine) was still alive 10 s after its `hal` was killed
+  (its graceful stop has no bound of ours); the ranks follow it at once by their own parent-death
+  signal. (Ctrl-C / SIGTERM to a live `hal` stop torchrun with SIGTERM, its graceful stop:
+  `call_supervised`.)
 - torchrun -> rank: torchrun starts each rank in a session of its own, so a signal to `hal`'s process
   group never reaches it; `guard_rank()` (called by hal.launch.rank_entry before the target runs) sets
   the rank's own parent-death signal (SIGKILL when torchrun dies) and
@@ -40,7 +43,7 @@ def set_parent_death_signal(sig: int) -> bool:
         return False
 
 
-def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
+def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:
     """A Popen `preexec_fn` (runs in the child before exec): `sig` when `parent` (the launcher's pid)
     dies; if it died already, before the prctl took effect, exit now."""
     set_parent_death_signal(sig)
@@ -110,7 +113,7 @@ class Terminated(SystemExit):
 
 
 def call_supervised(cmd: list[str], env: dict, stderr=None, grace_s: float = 30.0) -> int:
-    """`subprocess.call` for a launcher's torchrun: the child dies with this process (SIGTERM via
+    """`subprocess.call` for a launcher's torchrun: the child dies with this process (SIGKILL via
     PR_SET_PDEATHSIG); on Ctrl-C (KeyboardInterrupt) or SIGTERM the child gets SIGTERM (torchrun stops
     its ranks), SIGKILL after `grace_s`, and the exception goes on up (the `hal` command exits 130 /
     143)."""
