@@ -11,9 +11,16 @@ steps 1 and 2 copied to a new run folder are the run stopped at step 2, whose ne
 is corrupted four ways in turn (a pristine copy each time): each resume must skip it, with its path in
 `skipped`, start at step 1 and end with the reference's exact final loss, validation loss and parameter
 digest; last, a resume with another hidden size is one CheckpointError naming the entries.
+
+Every run here also carries tests/test_nonfinite.py's `skip` case: `on_nonfinite = "skip"` and a NaN put
+into rank 1's gradient at step 3 (the test-only `[debug]` fault `nan_grad`): step 3's optimizer step is
+skipped on every rank, metrics.jsonl and summary.json count it, and no checkpoint holds a NaN (each resume
+skips it again, so the final figures still agree exactly).
 """
 from __future__ import annotations
 
+import json
+import math
 import shutil
 from pathlib import Path
 
@@ -124,7 +131,9 @@ def _config(run_dir: Path, **extra) -> dict:
            "optimizer": {"lr": 3e-3, "warmup_steps": 1},
            "plan": {"source": "even"},
            "checkpoint": {"interval": 1},
-           "log": {"dir": str(run_dir), "val_interval": 0, "val_batches": 1}}
+           "log": {"dir": str(run_dir), "val_interval": 0, "val_batches": 1},
+           "train": {"on_nonfinite": "skip", "max_skipped": 1},
+           "debug": {"faults": [{"action": "nan_grad", "rank": 1, "step": 3}]}}
     cfg.update(extra)
     return cfg
 
@@ -142,6 +151,16 @@ def runs(pool, tmp_path_factory):
     for step in (1, 2):  # the run as if stopped after step 2
         shutil.copytree(d / "reference" / "checkpoints" / f"step_{step:08d}", d / "stopped" / f"step_{step:08d}")
     return d / "stopped", reference
+
+
+def test_nan_gradient_skipped_on_every_rank_counted_and_never_saved(runs):
+    from .test_nonfinite import checkpoints_finite
+    run = runs[0].parent / "reference"
+    records = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("nonfinite_skipped", 0) for r in records] == [0, 0, 1], records
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["nonfinite_skipped"] == 1 and math.isfinite(summary["final_val_loss"]), summary
+    assert checkpoints_finite(run) == [1, 2, 3]
 
 
 def test_corrupt_newest_checkpoint_falls_back_and_ends_exact(pool, runs, tmp_path):
