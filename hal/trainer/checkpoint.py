@@ -180,7 +180,8 @@ class Checkpointer:
         if self.use_async and not final:
             fut = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group)
             if self.rank == 0:
-                fut.add_done_callback(lambda f, p=path, s=step: f.exception() is None and self._complete(p, s))
+                fut.add_done_callback(lambda f, p=path, s=step: self._complete(p, s) if f.exception() is None
+                                      else None)
             self._pending, self._pending_step = fut, step
         else:
             dcp.save(state, checkpoint_id=str(path), process_group=self.group)
@@ -196,8 +197,9 @@ class Checkpointer:
         if self._pending is not None:
             fut, self._pending = self._pending, None
             fut.result()
-            if self.rank == 0:  # the done-callback completes it; make sure it has before going on
-                self._complete(step_dir(self.root, self._pending_step), self._pending_step)
+            step = self._pending_step
+            if self.rank == 0 and step is not None:  # the done-callback completes it; make sure it has
+                self._complete(step_dir(self.root, step), step)
 
     def _complete(self, path: Path, step: int) -> None:
         """rank 0, once DCP's coordinator has written `.metadata` after every rank's data: the manifest
@@ -273,12 +275,11 @@ class Checkpointer:
         same = saved_world == self.world and saved_plan == json.loads(self.plan.to_json())
         state = self._state()
         state["step"] = torch.tensor(-1)
+        unreadable: Optional[str] = None
         try:
             stored = dict(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
         except Exception as exc:  # noqa: BLE001 - whatever the unpickler raised: the file is unreadable
             stored, unreadable = {}, f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-        else:
-            unreadable = None
         found: list = [None] * self.world
         dist.all_gather_object(found, unreadable, group=self.group)
         if any(found):
