@@ -242,6 +242,8 @@ class Trainer:
         log.info(f"  data: {corpus.source}: {corpus.files} files, tokenizer {corpus.tokenizer.name} (vocab "
                  f"{corpus.vocab_size}), train {corpus.train.numel():,} tokens, validation {corpus.val.numel():,}; "
                  f"global batch {cfg.global_batch} x {self.model_cfg.seq} tokens, {self.loader.windows:,} per epoch")
+        if self.hf_loaded is not None:  # each rank read only its own tensors (hf_io logs every rank's at debug)
+            log.info(f"  weights: HF checkpoint {cfg.resolve(cfg.model.hf)}; rank 0 read {self.hf_loaded.describe()}")
         if r is not None:
             log.info(f"  resumed from {step_dir(cfg.checkpoint_dir, r.step)} at step {r.step} in {r.load_s:.1f} s"
                      + (f" (resharded: written by {r.saved_world} ranks on another plan)" if r.resharded else ""))
