@@ -177,8 +177,10 @@ def agree(node: NodeLaunch, problem: Optional[str], timeout_s: float) -> None:
         time.sleep(0.1)
     results = {i: json.loads(store.get(k)) for i, k in enumerate(keys) if i not in missing}
     store.set(f"hal/read/{node.node_rank}", "1")
-    if node.node_rank == 0:  # serve the store until every node has read it (bounded)
-        while time.monotonic() < deadline + 5 and not store.check([f"hal/read/{i}" for i in range(node.nnodes)]):
+    if node.node_rank == 0:  # serve the store until every node that reported has read it (bounded)
+        readers = [f"hal/read/{i}" for i in results]
+        end = time.monotonic() + 5
+        while time.monotonic() < end and not store.check(readers):
             time.sleep(0.1)
     bad = [(i, r) for i, r in sorted(results.items()) if r["problem"]]
     if bad:
