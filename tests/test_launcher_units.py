@@ -222,3 +222,14 @@ def test_ctrl_c_exits_130(monkeypatch, capsys):
     monkeypatch.setattr(hal.cli.train, "run", interrupted)
     assert main(["train", "--config", "x.toml"]) == 130
     assert capsys.readouterr().err.strip() == "hal train: interrupted"
+
+
+def test_a_refusal_under_torchrun_is_the_ranks_marked_line(monkeypatch, capsys):
+    from hal.launch.check import fail, first_rank_error
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "t")
+    monkeypatch.setenv("RANK", "3")
+    for k in ("HAL_EMULATE", "HAL_CHIP", "HAL_CLUSTER"):
+        monkeypatch.delenv(k, raising=False)
+    assert fail("hal train", LaunchError("data.paths = '/x': no such file")) == 2
+    err = capsys.readouterr().err
+    assert first_rank_error(err) == "rank=3 chip=? LaunchError: data.paths = '/x': no such file", err

@@ -133,16 +133,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_rank(args: argparse.Namespace) -> int:
     """Under torchrun (a rank): the config's settings applied, then the loop; a bad config is this
-    rank's one marked error line (hal.launch.check.report_rank_failure), so `hal testbed run` and
-    torchrun's launcher print it, not "exitcode 2"."""
+    rank's one marked error line (hal.launch.check.fail under torchrun), so `hal testbed run` and
+    `hal train`'s launcher print it, not "exitcode 2"."""
     from hal.contract.errors import HalError
-    from hal.launch.check import fail, report_rank_failure
+    from hal.launch.check import fail
     from hal.trainer.args import apply_config_env
     try:
         check_train_extra()
         cfg = load(args)
-    except HalError as exc:
-        report_rank_failure(exc)
+    except HalError as exc:  # under torchrun fail() also writes the rank's marked line
         return fail("hal train", exc)
     from hal.trainer.console import setup_console
     from hal.trainer.loop import exit_failed, train

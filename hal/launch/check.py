@@ -42,6 +42,8 @@ def fail(prog: str, exc: BaseException) -> int:
     """Print `exc` as one line on stderr (`prog: error: ...`) and return exit code 2."""
     text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     print(f"{prog}: error: {text}", file=sys.stderr, flush=True)
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # a rank under torchrun: the marked line its launcher prints
+        report_rank_failure(exc)               # (hal train, hal testbed run), not "exitcode 2"
     return 2
 
 
