@@ -199,7 +199,10 @@ def test_expert_compute_and_all_to_all_are_not_divided_by_tp():
         # on their share of the rows, whole on each TP rank
         c2, h = _moe_cost(tp, 2)
         c4, _ = _moe_cost(tp, 4)
-        extra = MOE.layers * MOE.seq * 2 * m.expert_params * MOE.top_k * 16 * (2 / MOE.experts) / h.flops
+        # each expert's GEMMs over its share of the group's routed tokens, at the matrix's rate for that shape
+        per_expert = MOE.seq * 16 * MOE.top_k / MOE.experts
+        rate = h.peak * h.matrix.gemm_fraction(per_expert, MOE.ffn, MOE.hidden)
+        extra = MOE.layers * MOE.seq * 2 * m.expert_params * MOE.top_k * 16 * (2 / MOE.experts) / rate
         assert c4.fwd - c2.fwd == pytest.approx(extra, rel=1e-9), tp
         assert c4.bwd - c2.bwd == pytest.approx(2 * extra, rel=1e-9), tp
         # EP all_to_all: every TP rank sends the replica's rows x top_k x hidden on its own link

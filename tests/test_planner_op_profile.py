@@ -44,7 +44,7 @@ def test_profile_equals_what_the_clock_charges(layers, first, last, rows):
     t_b2, _ = charged(lambda: out.backward(torch.ones_like(out)) if not last else out.backward())
     prof = OpProfile(CFG)
     pf, pb, popt, acc = stage_seconds(prof, speeds.flops_per_s, speeds.bytes_per_s, 1, layers[1] - layers[0],
-                                      first, last, rows, False)
+                                      first, last, rows, False, speeds.matrix)
     assert pf == pytest.approx(t_f, rel=0.02)
     assert pb == pytest.approx(t_b1, rel=0.02)
     assert pb + acc == pytest.approx(t_b2, rel=0.02)

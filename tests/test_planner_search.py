@@ -211,8 +211,7 @@ def test_generators_yield_only_placeable_shapes_on_small_mixed_clusters(batch):
     # cuda 1-3 x kunlun 0-2 x ascend 0-2 (timed-emulated figures, as hal train's plan auto uses),
     # the tiny GPT (tp 1 and 2: tp 4 needs 4 ranks of a kind on a node): every shape of every family, and of every
     # part planned alone, must be placeable (no OverAllocated) and cover its micro-batch
-    from hal.strategies.planner.plan_search import (batch_shares, even_candidates, mixed_candidates,
-                                                split_candidates)
+    from hal.strategies.planner.plan_search import even_candidates, mixed_candidates, split_candidates
     cfg = ModelConfig(**{**ModelConfig.from_toml(Path(__file__).resolve().parent.parent / "examples/models/tiny.toml").model_dump(),
                          "vocab": 256, "seq": 32})
     m = ModelFacts(cfg, dtype_bytes=4)
@@ -224,9 +223,8 @@ def test_generators_yield_only_placeable_shapes_on_small_mixed_clusters(batch):
         facts = _tiny_emulated(chips)
         cands = mixed_candidates(facts, m, batch, max_pp=4) + split_candidates(facts, m, batch, max_pp=4) \
             + even_candidates(facts, m, batch, max_pp=4)
-        for q in (8, 64):
-            for f, share in zip(facts, batch_shares(facts, batch, q)):
-                cands += [(c, share) for c in mixed_candidates([f], m, share, max_pp=4)]
+        for f in facts:        # each part alone, on the whole global batch (efficiency (a)'s reference)
+            cands += [(c, batch) for c in mixed_candidates([f], m, batch, max_pp=4)]
         for c in cands:
             c, b = c if isinstance(c, tuple) else (c, batch)
             seen += 1

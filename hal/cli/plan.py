@@ -7,9 +7,10 @@ Prints the figures it used and where each came from (measured efficiency matrix 
 stated default), the chosen plan as a table (stage -> chip, ranks, layers, TP, DP, rows per
 replica by chip, recompute, experts), the predicted step (time, tokens/s, MFU, busy / comm /
 bubble / idle shares, peak memory against capacity per sub-cluster), and three efficiency figures
-side by side: this plan, the best `Plan.even` layout on the same cluster, and the ideal (each
-sub-cluster planned alone on its share of the batch). All figures are predictions of the cost
-model and step simulator (docs/planner.md), not measurements.
+side by side for this plan and the best `Plan.even` layout: (a) against the sum of each sub-cluster
+planned alone on the same global batch (what `hal train --measure-parts` measures) and (b) against
+the upper bound (every chip at its efficiency matrix's best sustained rate, no communication). All
+figures are predictions of the cost model and step simulator (docs/planner.md), not measurements.
 
 Exit codes: 0 a plan was found; 2 bad input or no layout fits (one line naming what and why).
 """
@@ -33,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="global batch in sequences (default: 4M tokens / seq, at least the world size)")
     p.add_argument("--matrix", metavar="DIR",
                    help="directory of efficiency matrices (`hal conformance --level perf --efficiency FILE`) "
-                        "to use instead of catalog peaks x the default efficiency")
+                        "to use instead of the catalog's efficiency matrices")
     p.add_argument("--out", metavar="plan.toml", help="write the chosen plan (TOML, or JSON if it ends in .json)")
     p.add_argument("--trace", metavar="trace.json", help="write the simulated step as a Chrome/Perfetto trace")
     p.add_argument("--json", metavar="FILE", dest="json_out",
@@ -67,7 +68,7 @@ def load_inputs(args: argparse.Namespace):
     from hal.core.topology import Topology
 
     from hal.strategies.models import ModelConfig
-    from hal.strategies.planner.facts import chip_facts, load_matrices
+    from hal.strategies.planner.facts import cluster_facts, load_matrices
 
     if not Path(args.model).is_file():
         raise CliError(f"--model {args.model}: no such file")
@@ -88,8 +89,7 @@ def load_inputs(args: argparse.Namespace):
         raise CliError(f"--cluster: {exc}") from None
     try:
         matrices = load_matrices(getattr(args, "matrix", None))
-        from hal.strategies.planner.facts import with_rails
-        facts = with_rails([chip_facts(sc, matrices) for sc in topo.sub_clusters], topo)
+        facts = cluster_facts(topo, matrices)
     except (OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
     node_of = {r: topo.node_of(r) for r in range(topo.world_size)}

@@ -10,6 +10,7 @@ rank-to-chip assignment that matches torchrun's rank order.
     ranks_per_node = 8
     intra_bandwidth = "200 GB/s"   # optional override, per direction (number = bytes/s)
     nic_bandwidth = "400 Gb/s"     # optional override, per direction
+    memory = "80 GB"         # optional: memory per device, overrides the catalog (e.g. a 32 GB 910B4)
     emulate = false          # optional: run this sub-cluster's ranks emulated on CPU
     colocate = false         # optional: share the previous sub-cluster's single node (see below)
 
@@ -60,6 +61,22 @@ def parse_bandwidth(value: Union[int, float, str]) -> float:
     return number * scale / (8.0 if unit == "b" else 1.0)
 
 
+_BYTES = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([KMGT]?)(i?)B\s*$")
+
+
+def parse_bytes(value: Union[int, float, str]) -> float:
+    """`"32 GB"` -> 32e9 bytes; `"96 GiB"` -> 96 * 2**30; a number is bytes."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a size in bytes")
+    if isinstance(value, (int, float)):
+        return float(value)
+    m = _BYTES.match(str(value))
+    if not m:
+        raise ValueError(f"{value!r} is not a size; write bytes as a number or e.g. '32 GB', '96 GiB'")
+    power = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4}[m.group(2).upper()]
+    return float(m.group(1)) * ((1024 if m.group(3) else 1000) ** power)
+
+
 class SubCluster(BaseModel):
     """Ranks that share one chip kind and one vendor CCL fabric."""
 
@@ -74,6 +91,8 @@ class SubCluster(BaseModel):
     model: Optional[str] = Field(default=None, description="chip model, a hal.core.catalog key or alias")
     intra_bandwidth: Optional[float] = Field(default=None, gt=0, description="intra-fabric bytes/s per direction")
     nic_bandwidth: Optional[float] = Field(default=None, gt=0, description="NIC bytes/s per direction per rank")
+    memory: Optional[float] = Field(default=None, gt=0, description="memory bytes per device (e.g. '32 GB'); "
+                                    "overrides the catalog's figure for the model (a 32 GB 910B4)")
     emulate: StrictBool = False  # `emulate = "yes"` is refused, not taken as true
     colocate: StrictBool = Field(default=False, description="run on the previous sub-cluster's (single) node")
 
@@ -81,6 +100,11 @@ class SubCluster(BaseModel):
     @classmethod
     def _rate(cls, v: Any) -> Any:
         return None if v is None else parse_bandwidth(v)
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return None if v is None else parse_bytes(v)
 
     @property
     def world_size(self) -> int:

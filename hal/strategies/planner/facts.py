@@ -202,6 +202,22 @@ def chip_facts(sc, matrices: Optional[dict[str, dict]] = None, dtype: str = "bfl
                      link_latency=cm.intra_latency_s, matrix=cm, capacity=capacity)
 
 
+def spec_memory(topo) -> dict[str, float]:
+    """Memory per device the cluster spec states per sub-cluster (`memory = "32 GB"`), by name: read
+    from the spec file the topology came from (`Topology.source`); {} without one."""
+    src = getattr(topo, "source", None)
+    if not src or not Path(str(src)).is_file():
+        return {}
+    from hal.core.cluster import load_cluster_spec
+    return {s.name: s.memory for s in load_cluster_spec(src).sub_clusters if s.memory is not None}
+
+
+def cluster_facts(topo, matrices: Optional[dict] = None, dtype: str = "bfloat16") -> list[ChipFacts]:
+    """Every sub-cluster's figures, with the spec's memory per sub-cluster and the rails priced."""
+    mem = spec_memory(topo)
+    return with_rails([chip_facts(sc, matrices, dtype, memory=mem.get(sc.name)) for sc in topo.sub_clusters], topo)
+
+
 def with_rails(facts: list[ChipFacts], topo) -> list[ChipFacts]:
     """`facts` with `rail_bw` from the topology's one definition of a rail's bandwidth: the leader
     rail's (`Topology.rail_bandwidth(0)`, the slowest NIC among one rank of every chip group; every
@@ -209,7 +225,7 @@ def with_rails(facts: list[ChipFacts], topo) -> list[ChipFacts]:
     the lowest NIC fraction of the parts' efficiency matrices. A measured rail figure would replace it
     (none is measured yet)."""
     import dataclasses
-    if len(topo.sub_clusters) < 2:
+    if len(topo.sub_clusters) < 2 or not topo.rails:      # one chip group: the bridge has no rails
         return list(facts)
     link = topo.rail_bandwidth(0)
     frac = min(f.matrix.nic_link if f.matrix is not None else 1.0 for f in facts)

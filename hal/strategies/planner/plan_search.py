@@ -40,37 +40,66 @@ from .simulate import simulate
 
 # what callers import from here (the search's pieces live in search_shapes / search_families)
 __all__ = ["search", "SearchResult", "PlanSearchError", "Candidate", "Shape", "Group", "materialize",
-           "finalize", "batch_shares", "mixed_candidates", "split_candidates", "even_candidates",
+           "finalize", "bound_tokens_per_s", "mixed_candidates", "split_candidates", "even_candidates",
            "split_layers", "place_experts", "ep_of", "ep_options", "estimate", "expert_reduce_time",
            "OverAllocated", "OVERALLOCATED_DROPS"]
 
 
 @dataclass
 class SearchResult:
-    """The chosen layout, the best even one, each sub-cluster alone (the ideal), every finalist."""
+    """The chosen layout, the best even one, each sub-cluster alone on the same global batch, every
+    finalist, and the two efficiency references (docs/planner.md, "Efficiency"):
+
+      (a) `efficiency` = tokens/s / the sum of each sub-cluster's best predicted tokens/s ALONE on the
+          same global batch (what `hal train --measure-parts` measures); None when some part cannot
+          hold the model alone (`parts[name]` is None);
+      (b) `bound_efficiency` = tokens/s / `bound_tokens_per_s`: every chip at its efficiency matrix's
+          best sustained rate on the model's FLOPs, no communication, no bubble, no memory-bound
+          work. No plan can exceed it (each op is charged at most at that rate)."""
 
     best: Candidate
     even: Optional[Candidate]
-    parts: dict[str, Candidate]          # sub-cluster name -> its best homogeneous plan alone
+    parts: dict[str, Optional[Candidate]]   # sub-cluster name -> its best plan alone (None: none fits)
     evaluated: int
     search_s: float
     finalists: list[Candidate] = field(default_factory=list)
     # finalists `materialize` refused (OverAllocated) in this search: 0 unless a generator is wrong
     overallocated: int = 0
+    bound_tokens_per_s: float = 0.0
 
     @property
-    def ideal_tokens_per_s(self) -> float:
-        return sum(c.sim.tokens_per_s for c in self.parts.values())
+    def parts_tokens_per_s(self) -> Optional[float]:
+        if not self.parts or any(c is None for c in self.parts.values()):
+            return None
+        return sum(c.sim.tokens_per_s for c in self.parts.values() if c is not None)
 
     @property
-    def efficiency(self) -> float:
-        return self.best.sim.tokens_per_s / self.ideal_tokens_per_s
+    def efficiency(self) -> Optional[float]:
+        ref = self.parts_tokens_per_s
+        return self.best.sim.tokens_per_s / ref if ref else None
+
+    @property
+    def bound_efficiency(self) -> float:
+        return self.best.sim.tokens_per_s / self.bound_tokens_per_s
 
     @property
     def even_efficiency(self) -> Optional[float]:
+        ref = self.parts_tokens_per_s
+        if self.even is None or not self.even.sim.fits or not ref:
+            return None
+        return self.even.sim.tokens_per_s / ref
+
+    @property
+    def even_bound_efficiency(self) -> Optional[float]:
         if self.even is None or not self.even.sim.fits:
             return None
-        return self.even.sim.tokens_per_s / self.ideal_tokens_per_s
+        return self.even.sim.tokens_per_s / self.bound_tokens_per_s
+
+
+def bound_tokens_per_s(facts: Sequence[ChipFacts], model: ModelFacts) -> float:
+    """(b)'s reference: the cluster's best sustained FLOP/s (each chip at its matrix's best fraction of
+    peak) over the model's training FLOPs per token (no recompute)."""
+    return sum(f.size * f.flops for f in facts) * model.seq / model.step_flops_per_sample()
 
 
 def _groups(f: ChipFacts, t: int) -> list[tuple[int, ...]]:
@@ -126,57 +155,26 @@ def finalize(cands: list[Candidate], model: ModelFacts, keep: int, node_of=None)
     return sorted([c for c in cands if c.sim.fits], key=lambda c: c.sim.step_time_s) or cands
 
 
-def batch_shares(facts: Sequence[ChipFacts], batch: int, quantum: int = 8) -> list[int]:
-    """Each sub-cluster's share of the global batch for the ideal: proportional to its compute
-    (ranks x achieved FLOP/s), rounded to a multiple of `quantum` samples (so that it keeps
-    divisors to split into micro-batches), at least `quantum`.
-
-    Why shares, not the whole batch: the ideal asks what each part could do on its share of the
-    same job. Given the whole global batch, a part alone would run with fewer ranks per sample, a
-    smaller pipeline bubble, than any layout of the whole cluster can on that batch; that is the
-    cost of scaling out, not of mixing chips, and would be charged to the mixed plan."""
-    speed = [f.size * f.flops for f in facts]
-    tot = sum(speed)
-    return [max(quantum, int(round(batch * sp / tot / quantum)) * quantum) for sp in speed]
-
-
 def _plan_parts(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, node_of, max_pp: int, keep: int,
-                say: Callable[[str], None]) -> tuple[dict[str, Candidate], int]:
-    """(each sub-cluster's best layout alone on its share of the batch, candidates evaluated): the
-    ideal. A share rounded to a multiple of 8 may have few divisors (760 = 8 x 95, 6056 = 8 x 757):
-    few micro-batch splits, a part that plans badly or not at all, hence an ideal set too low. So
-    each part is also planned on its share rounded to a multiple of 64 (and 512 when nothing fits
-    yet) and the ideal takes its best: the higher ideal (a stricter efficiency figure)."""
+                say: Callable[[str], None]) -> tuple[dict[str, Optional[Candidate]], int]:
+    """(each sub-cluster's best layout alone on the whole global batch, or None where none fits;
+    candidates evaluated): (a)'s reference, the definition `hal train --measure-parts` measures."""
     evaluated = 0
-    parts = {}
-    share_sets = [batch_shares(facts, batch, q) for q in (8, 64, 512)]
-    exact = batch_shares(facts, batch, 1)
-    for i, f in enumerate(facts):
-        fin = None
-        for k, shares in enumerate(share_sets):
-            share = shares[i]
-            if k and fin and abs(share - exact[i]) > max(8, 0.05 * exact[i]):
-                continue    # a coarser rounding far from the part's share (more rows: a smaller bubble)
-            say(f"planning {f.name} alone ({f.size} x {f.model}, its share of the batch: {share})")
-            cs = mixed_candidates([f], model, share, max_pp=max_pp)
-            evaluated += len(cs)
-            got = finalize(cs, model, keep, node_of)
-            got = [c for c in got if c.sim.fits]
-            if got and (fin is None or got[0].sim.tokens_per_s > fin[0].sim.tokens_per_s):
-                fin = got
-            if fin and share % 64 == 0:
-                break
-        if not fin:
-            tried = sorted({shares[i] for shares in share_sets})
-            raise PlanSearchError(f"no layout of {model.name} fits sub-cluster {f.name} ({f.size} x {f.model}, "
-                                  f"{f.memory / 1e9:.0f} GB each) with its batch share of {batch} (tried {tried})")
-        parts[f.name] = fin[0]
+    parts: dict[str, Optional[Candidate]] = {}
+    for f in facts:
+        say(f"planning {f.name} alone ({f.size} x {f.model}, the whole global batch {batch})")
+        cs = mixed_candidates([f], model, batch, max_pp=max_pp)
+        evaluated += len(cs)
+        got = [c for c in finalize(cs, model, keep, node_of) if c.sim.fits]
+        parts[f.name] = got[0] if got else None
     return parts, evaluated
 
 
 def search(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, node_of=None, max_pp: int = 32,
            keep: int = 6, progress: Optional[Callable[[str], None]] = None, topology=None) -> SearchResult:
-    """Best layout for the whole cluster, the best even layout, and each sub-cluster planned alone.
+    """Best layout for the whole cluster, the best even layout, and each sub-cluster planned alone on
+    the same global batch (a part that cannot hold the model alone is None: the cluster is still
+    planned, its parts pipelined together, and reported against the bound).
     With `topology` (hal.core.topology.Topology) traffic across sub-clusters is priced on its rail
     bandwidth (facts.with_rails); without, on the slowest NIC of the parts."""
     t0 = time.perf_counter()
@@ -184,11 +182,15 @@ def search(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, node_of=No
     if topology is not None:
         facts = with_rails(list(facts), topology)
     say = progress or (lambda msg: None)
-    parts, evaluated = _plan_parts(facts, model, batch, node_of, max_pp, keep, say)
+    if len(facts) == 1:      # one sub-cluster: the part alone is the cluster (searched below)
+        parts, evaluated = {}, 0
+    else:
+        parts, evaluated = _plan_parts(facts, model, batch, node_of, max_pp, keep, say)
     say("searching mixed-stage layouts")
     mixed = mixed_candidates(facts, model, batch, max_pp=max_pp)
     say(f"searching split-stage layouts ({len(mixed)} mixed candidates so far)")
-    split = split_candidates(facts, model, batch, max_pp=max_pp, solo=parts)
+    solo = {k: c for k, c in parts.items() if c is not None}
+    split = split_candidates(facts, model, batch, max_pp=max_pp, solo=solo)
     evaluated += len(mixed) + len(split)
     say(f"scoring even layouts ({len(mixed) + len(split)} candidates so far)")
     ev = even_candidates(facts, model, batch, max_pp=max_pp)
@@ -200,10 +202,15 @@ def search(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, node_of=No
     fin = finalize(mixed, model, keep, node_of) + finalize(split, model, keep, node_of) + ev_fin
     fin = sorted([c for c in fin if c.sim and c.sim.fits], key=lambda c: c.sim.step_time_s)
     if not fin:
-        raise PlanSearchError(f"no layout of {model.name} fits this cluster with global batch {batch}")
+        raise PlanSearchError(f"no layout of {model.name} fits this cluster with global batch {batch} "
+                              f"(usable memory per device: "
+                              + ", ".join(f"{f.name} {f.memory / 1e9:.1f} GB" for f in facts) + ")")
+    if len(facts) == 1:
+        parts = {facts[0].name: fin[0]}
     return SearchResult(best=fin[0], even=even, parts=parts, evaluated=evaluated,
                         search_s=time.perf_counter() - t0, finalists=fin,
-                        overallocated=sum(OVERALLOCATED_DROPS.values()) - drops0)
+                        overallocated=sum(OVERALLOCATED_DROPS.values()) - drops0,
+                        bound_tokens_per_s=bound_tokens_per_s(facts, model))
 
 
 class PlanSearchError(HalError, ValueError):

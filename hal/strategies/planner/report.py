@@ -1,5 +1,6 @@
 """What `hal plan` and `hal simulate` print: the figures and their sources, the plan as a table,
-the predicted step, and the efficiency against the ideal and the even layout; and the JSON form."""
+the predicted step, and its efficiency against (a) the parts alone and (b) the upper bound, beside
+Plan.even; and the JSON form."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -69,7 +70,7 @@ def step_table(sim: SimResult) -> str:
     by = defaultdict(list)
     for r in sim.ranks:
         by[r.sub_cluster].append(r)
-    rows = [["sub-cluster", "ranks", "MFU", "busy", "comm", "bubble", "idle", "peak memory / capacity"]]
+    rows = [["sub-cluster", "ranks", "MFU", "busy", "comm", "bubble", "idle", "peak memory / usable"]]
     for name, rs in by.items():
         n = len(rs)
         t = sim.step_time_s
@@ -97,11 +98,14 @@ def summary(result, model_name: str, batch: int, seq: int) -> dict:
         "model": model_name, "global_batch": batch, "tokens_per_step": batch * seq,
         "step_time_s": best.sim.step_time_s, "tokens_per_s": best.sim.tokens_per_s,
         "efficiency": result.efficiency, "even_efficiency": result.even_efficiency,
-        "ideal_tokens_per_s": result.ideal_tokens_per_s,
+        "parts_tokens_per_s": result.parts_tokens_per_s,
+        "bound_efficiency": result.bound_efficiency, "even_bound_efficiency": result.even_bound_efficiency,
+        "bound_tokens_per_s": result.bound_tokens_per_s,
         "even_tokens_per_s": even.sim.tokens_per_s if even else None,
         "even_step_time_s": even.sim.step_time_s if even else None,
         "even_layout": even.describe if even else None,
-        "parts": {k: {"tokens_per_s": c.sim.tokens_per_s, "layout": c.describe} for k, c in result.parts.items()},
+        "parts": {k: ({"tokens_per_s": c.sim.tokens_per_s, "layout": c.describe} if c is not None else None)
+                  for k, c in result.parts.items()},
         "layout": best.describe, "family": best.family,
         "mfu": best.sim.mfu, "bubble_share": best.sim.bubble_share, "comm_share": best.sim.comm_share,
         "peak_memory_bytes": _peak_memory(best.sim),
@@ -110,18 +114,27 @@ def summary(result, model_name: str, batch: int, seq: int) -> dict:
     }
 
 
+def _pct(x) -> str:
+    return f"{x:9.1%}" if x is not None else f"{'-':>9}"
+
+
 def efficiency_lines(result) -> str:
-    """This plan, the best even layout and the ideal side by side (tokens/s, step, share of the ideal)."""
-    ideal = result.ideal_tokens_per_s
-    lines = [f"{'':12} {'tokens/s':>12} {'step (s)':>9} {'of ideal':>9}",
+    """This plan and the best even layout against (a) the parts alone on the same global batch and
+    (b) the upper bound (every chip at its matrix's best sustained rate, no communication)."""
+    parts = result.parts_tokens_per_s
+    lines = [f"{'':12} {'tokens/s':>12} {'step (s)':>9} {'(a) parts':>9} {'(b) bound':>9}",
              f"{'this plan':12} {result.best.sim.tokens_per_s:12.0f} {result.best.sim.step_time_s:9.3f} "
-             f"{result.efficiency:9.1%}"]
+             f"{_pct(result.efficiency)} {_pct(result.bound_efficiency)}"]
     if result.even is not None:
         lines.append(f"{'Plan.even':12} {result.even.sim.tokens_per_s:12.0f} {result.even.sim.step_time_s:9.3f} "
-                     f"{result.even_efficiency:9.1%}   ({result.even.describe})")
+                     f"{_pct(result.even_efficiency)} {_pct(result.even_bound_efficiency)}   ({result.even.describe})")
     else:
-        lines.append(f"{'Plan.even':12} {'-':>12} {'-':>9} {'-':>9}   (no even layout fits memory)")
-    lines.append(f"{'ideal':12} {ideal:12.0f} {'':9} {1:9.1%}   (sum of each sub-cluster alone on its batch share:)")
+        lines.append(f"{'Plan.even':12} {'-':>12} {'-':>9} {'-':>9} {'-':>9}   (no even layout fits memory)")
+    lines.append(f"{'(a) parts':12} {parts:12.0f}" if parts else f"{'(a) parts':12} {'-':>12}")
+    lines[-1] += "   (each sub-cluster alone on the same global batch, its best predicted layout:)"
     for k, c in result.parts.items():
-        lines.append(f"{'':14}{k}: {c.sim.tokens_per_s:.0f} tokens/s with {c.describe}")
+        lines.append(f"{'':14}{k}: " + (f"{c.sim.tokens_per_s:.0f} tokens/s with {c.describe}" if c is not None
+                                        else "no layout fits it alone (the model needs the whole cluster)"))
+    lines.append(f"{'(b) bound':12} {result.bound_tokens_per_s:12.0f}   (every chip at its efficiency matrix's best "
+                 f"sustained rate on the model's FLOPs, no communication: no plan exceeds it)")
     return "\n".join(lines)

@@ -1,0 +1,106 @@
+"""The planner's efficiency figures and memory headroom (issue 25): (b) is a true upper bound that no
+plan exceeds; neither (a) nor (b) falls when a link or the memory gets better, all else equal; a
+cluster whose parts cannot hold the model alone is planned and reported against (b); a plan never uses
+more than the usable memory (capacity less the matrix's reserve and fragmentation), and the cluster
+spec's `memory` per sub-cluster replaces the catalog's."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hal.core.cluster import ClusterSpecError, parse_cluster_spec
+from hal.core.topology import Topology
+from hal.strategies.models import ModelConfig
+from hal.strategies.planner import ModelFacts, chip_facts, search
+from hal.strategies.planner.facts import cluster_facts
+from hal.strategies.planner.plan_search import bound_tokens_per_s
+
+SMALL = ModelConfig(name="small", layers=8, hidden=1024, heads=16, ffn=2816, vocab=32000, seq=1024)
+MID = ModelConfig(name="mid", layers=16, hidden=2048, heads=16, ffn=5632, vocab=32000, seq=1024)
+
+
+def _spec_text(*subs) -> str:
+    text = ""
+    for name, chip, model, nodes, rpn, *extra in subs:
+        text += (f'[[sub_clusters]]\nname = "{name}"\nchip = "{chip}"\nmodel = "{model}"\n'
+                 f"nodes = {nodes}\nranks_per_node = {rpn}\n" + "".join(f"{e}\n" for e in extra))
+    return text
+
+
+def _facts(*subs, memory=None):
+    topo = Topology.from_spec(parse_cluster_spec(_spec_text(*subs)))
+    facts = [chip_facts(sc, memory=(memory or {}).get(sc.name)) for sc in topo.sub_clusters]
+    return facts, {r: topo.node_of(r) for r in range(topo.world_size)}
+
+
+MIXED = (("h", "cuda", "H100", 1, 4), ("a", "ascend", "910B2", 1, 4))
+BATCH = 32
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    facts, node_of = _facts(*MIXED)
+    m = ModelFacts(SMALL)
+    return facts, node_of, m, search(facts, m, BATCH, node_of=node_of)
+
+
+def test_no_plan_exceeds_the_upper_bound_and_plans_fit_usable_memory(mixed):
+    facts, node_of, m, res = mixed
+    bound = bound_tokens_per_s(facts, m)
+    assert res.bound_tokens_per_s == bound
+    cands = res.finalists + [c for c in res.parts.values() if c is not None]
+    assert len(cands) > 3
+    for c in cands:
+        assert c.sim.tokens_per_s < bound                  # every op charged at most at the best rate
+        for r in c.sim.ranks:                              # never over the usable memory
+            assert r.memory_bytes <= r.capacity_bytes
+    assert 0 < res.bound_efficiency < 1 and res.efficiency is not None and 0 < res.efficiency <= 1.05
+    for f in facts:                                        # usable = capacity x 0.95 - 2 GB (the matrix)
+        assert f.memory == pytest.approx(f.matrix.usable_memory(f.capacity)) and f.memory < f.capacity
+
+
+def _better(facts, name, **change):
+    return [dataclasses.replace(f, **change) if f.name == name else f for f in facts]
+
+
+@pytest.mark.parametrize("change", [
+    {"nic_bw": 4.0}, {"intra_bw": 4.0}, {"rail_bw": 4.0}, {"memory": 1.5}])
+def test_efficiency_does_not_fall_when_a_link_or_the_memory_gets_better(mixed, change):
+    facts, node_of, m, base = mixed
+    key, factor = next(iter(change.items()))
+    target = "a"                                            # the slower part's figure gets better
+    old = next(getattr(f, key) or f.nic_bw for f in facts if f.name == target)
+    better = search(_better(facts, target, **{key: old * factor}), m, BATCH, node_of=node_of)
+    assert better.bound_tokens_per_s == base.bound_tokens_per_s      # (b)'s reference does not move
+    assert better.bound_efficiency >= base.bound_efficiency * (1 - 1e-9)
+    if key == "rail_bw":      # the parts alone use no rail: (a)'s reference does not move either
+        assert better.efficiency >= base.efficiency * (1 - 1e-9)
+
+
+def test_parts_that_cannot_hold_the_model_alone_are_pipelined_and_reported_against_the_bound():
+    # 3 GB usable per device: neither 4-GPU part holds MID's ~1 B parameters' training state (16 GB)
+    # alone, the 8 GPUs together do
+    facts, node_of = _facts(("h", "cuda", "H100", 1, 4), ("g", "cuda", "A100", 1, 4),
+                            memory={"h": 5.3e9, "g": 5.3e9})
+    m = ModelFacts(MID)
+    assert 4 * facts[0].memory < 16 * MID.num_params() < 8 * facts[0].memory
+    res = search(facts, m, 32, node_of=node_of)
+    assert all(c is None for c in res.parts.values())
+    assert res.efficiency is None and 0 < res.bound_efficiency < 1
+    assert res.best.sim.fits and len(res.best.layout.stages) >= 2
+    assert {r.facts.name for st in res.best.layout.stages for r in st.reps} == {"h", "g"}
+
+
+def test_spec_memory_per_sub_cluster_replaces_the_catalog(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(_spec_text(("small", "ascend", "910B4", 1, 8, 'memory = "32 GB"'),
+                               ("big", "ascend", "910B2", 1, 8)))
+    from hal.core.cluster import load_cluster_spec
+    topo = Topology.from_spec(load_cluster_spec(path))
+    small, big = cluster_facts(topo)
+    assert small.capacity == 32e9 and small.sources["memory"].startswith("cluster spec")
+    assert big.capacity == 64e9 and small.memory == pytest.approx(32e9 * 0.95 - 2e9)
+    assert parse_cluster_spec(_spec_text(("x", "cuda", "H100", 1, 8, "memory = 96e9"))).sub_clusters[0].memory == 96e9
+    with pytest.raises(ClusterSpecError, match="memory"):
+        parse_cluster_spec(_spec_text(("x", "cuda", "H100", 1, 8, 'memory = "lots"')))
