@@ -257,6 +257,8 @@ def export_hf(our_state: Mapping[str, torch.Tensor], cfg: ModelConfig, out_dir: 
     out = Path(out_dir)
     if out.is_file():
         raise HFCheckpointError(f"export to {out}: a file is there, not a directory")
+    if copy_from is not None and out.resolve() == Path(copy_from).resolve():
+        raise HFCheckpointError(f"export to {out}: that is the HF checkpoint the run started from; export elsewhere")
     hf_state = to_hf_state(dict(our_state), cfg)
     state = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().contiguous()
              for k, v in hf_state.items()}
