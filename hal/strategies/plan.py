@@ -371,7 +371,7 @@ def _check(plan: Plan, topo: Any, cfg: Any) -> None:
         tp = s.tp
         # seq: apply_plan's TP uses sequence-parallel norms (hal/strategies/tensor_parallel.py), which
         # split the sequence over the TP group
-        for what, n in (("heads", cfg.heads), ("ffn", cfg.ffn), ("seq", cfg.seq)):
+        for what, n in (("heads", cfg.heads), ("kv_heads", cfg.kv_heads), ("ffn", cfg.ffn), ("seq", cfg.seq)):
             if n % tp:
                 raise PlanError(f"stages[{i}].replicas[0].ranks", s.replicas[0].ranks,
                                 f"TP degree {tp} does not divide the model's {what} = {n} ({n} % {tp} = "

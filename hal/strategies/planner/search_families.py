@@ -44,7 +44,7 @@ def tp_options(facts: Sequence[ChipFacts], model: ModelFacts, max_tp: int = 8) -
     and each kind's node size and rank count."""
     out = []
     for t in (1, 2, 4, 8, 16):
-        if t > max_tp or model.heads % t or model.ffn % t or model.seq % t:   # seq: sequence parallel
+        if t > max_tp or model.heads % t or model.cfg.kv_heads % t or model.ffn % t or model.seq % t:   # seq: SP
             continue
         if all(f.ranks_per_node % t == 0 and f.size % t == 0 for f in facts):
             out.append(t)
