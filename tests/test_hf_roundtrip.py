@@ -131,3 +131,30 @@ def test_export_bad_input_is_one_line_exit_2(run, tmp_path, capsys):
     assert main(["export", "--hf", str(tmp_path / "o"), "--run", str(run["run"]), "--step", "99"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "no such directory" in err[0] and "no complete checkpoint of step 99" in err[1], err
+
+
+def test_mixtral_in_and_out_through_dcp(tmp_path):
+    """MoE, in this process: a tiny transformers Mixtral (4 experts, top-2) read through DCP's HF reader
+    gives transformers' logits; written back by export_hf, transformers loads it with no missing or
+    unexpected key and the same tensors (the per-expert on-disk keys both ways)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from hal.strategies.models import build_model
+    from hal.strategies.models.hf_io import export_hf, load_hf_weights, local_parameters, model_config_from_hf
+    torch.manual_seed(0)
+    ref = MixtralForCausalLM(MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                           num_experts_per_tok=2, max_position_embeddings=32)).eval()
+    ref.save_pretrained(tmp_path / "in")
+    cfg = model_config_from_hf(tmp_path / "in")
+    ours = build_model(cfg, seed=3).eval()
+    load_hf_weights(ours, cfg, tmp_path / "in")
+    ids = torch.randint(0, cfg.vocab, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        theirs, mine = ref(ids).logits, ours(ids)
+    assert (theirs - mine).abs().max().item() <= 1e-4 * max(1.0, theirs.abs().max().item())
+    export_hf({n: p.detach() for n, p in local_parameters(ours).items()}, cfg, tmp_path / "out")
+    back, info = MixtralForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert _files(tmp_path / "out").keys() == _files(tmp_path / "in").keys()
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), ref.state_dict().values()))
