@@ -8,6 +8,8 @@ bridge between them), a 2-stage pipeline (cuda: embedding + layer 0, ascend: lay
 - `hal export --hf` of the run's checkpoint loads in transformers with no missing or unexpected key,
   equals `[checkpoint] export_hf`'s copy, differs from the start (it trained), and transformers'
   logits on a fixed input equal ours computed from the same exported weights.
+In this process, a tiny transformers Mixtral goes in and out through DCP's HF reader and writer (MoE's
+per-expert on-disk keys both ways).
 Tolerances, float32 on both sides: the two models run the same math in a different op order
 (sdpa vs our reference attention, fused vs separate projections), so logits agree to float32
 rounding accumulated over 2 layers: max |diff| <= 1e-4 x max(1, max |logit|) (measured ~1e-6), and
