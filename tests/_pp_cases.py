@@ -39,9 +39,11 @@ def build(cfg_kind: str):
     if cfg_kind == "tiny":  # dense GPT (RMSNorm, rotary attention, SwiGLU), 4 blocks, hidden 32
         cfg = ModelConfig(name="tiny", layers=4, hidden=32, heads=4, ffn=64, vocab=64, seq=16)
         return cfg, build_model(cfg, MODEL_SEED)
-    if cfg_kind == "moe":  # the same with a 4-expert top-2 MoE FFN in every block (capacity 1.25: drops)
-        cfg = ModelConfig(name="tiny-moe", layers=4, hidden=32, heads=4, ffn=32, vocab=64, seq=16,
-                          experts=4, top_k=2, capacity_factor=1.25, moe_aux_loss_coef=0.01)
+    if cfg_kind == "moe":  # the same with a 4-expert top-2 MoE FFN in every block (capacity 1.25: drops),
+        # a gated shared expert (dense, replicated: DP-reduced, never expert-parallel) and 2 K/V heads (GQA)
+        cfg = ModelConfig(name="tiny-moe", layers=4, hidden=32, heads=4, kv_heads=2, ffn=32, vocab=64, seq=16,
+                          experts=4, top_k=2, capacity_factor=1.25, moe_aux_loss_coef=0.01,
+                          shared_experts=1, shared_ffn=16, shared_expert_gate=True)
         return cfg, build_model(cfg, MODEL_SEED)
     raise ValueError(f"unknown test model {cfg_kind!r}")
 

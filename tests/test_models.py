@@ -1,6 +1,8 @@
 """hal.strategies.models: ModelConfig validation and files, the GPT (names the strategies shard by, every op
-through hal.ops, causal, rotary, deterministic init, dense and MoE), and the per-layer counts against
-REFERENCE.md's formulas. Single process."""
+through hal.ops, causal, rotary, deterministic init, dense and MoE), the per-layer counts against
+REFERENCE.md's formulas, the families' fields (GQA, head_dim, biases, q/k norm, rope scaling, tied head,
+shared experts: validation, counts, TP's K/V-head check, EP leaving shared experts dense) and the example
+configs' counts against the published model sizes. Single process."""
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,7 @@ def test_example_configs_load(tmp_path):
     cfgs = {p.stem: ModelConfig.from_toml(p) for p in sorted(EXAMPLES.glob("*.toml"))}
     assert {"tiny", "tiny-moe", "llama-70b", "moe-8x7b"} <= set(cfgs)
     assert 60e9 < cfgs["llama-70b"].num_params() < 90e9 and not cfgs["llama-70b"].is_moe
+    assert cfgs["llama3.1-8b"].rope_scaling.factor == 8.0 and cfgs["qwen3-30b-a3b"].head_dim == 128
     assert cfgs["moe-8x7b"].experts == 8 and cfgs["moe-8x7b"].top_k == 2
     (tmp_path / "m.toml").write_text('[model]\nname = "x"\nlayers = 1\nhidden = 8\nheads = 2\nffn = 8\n'
                                      'vocab = 8\nseq = 4\n')
@@ -168,3 +171,118 @@ def test_moe_counts():
     assert cfg.layer_params() == 4 * h * h + E * 3 * h * f + h * E + 2 * h
     # a token meets top_k experts and the router: forward 2 x (4h^2 + k 3hf + hE) + 4 s h
     assert cfg.layer_forward_flops(10) == 10 * (2 * (4 * h * h + k * 3 * h * f + h * E) + 4 * 32 * h)
+
+
+# ---- the families' fields (GQA, head_dim, biases, q/k norm, rope scaling, tied head, shared experts) ---------
+FAMILY = dict(TINY, heads=4, kv_heads=2, head_dim=12, qkv_bias=True, qk_norm=True, tie_embeddings=True,
+              rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=4))
+SHARED = dict(experts=4, ffn=16, shared_experts=2, shared_expert_gate=True, norm_topk_prob=False)
+
+
+def test_family_fields_validate_and_derive():
+    bad("kv_heads", 3, "does not divide heads = 4", "4 % 3 = 1", kv_heads=3)
+    bad("head_dim", 7, "is odd", head_dim=7)
+    bad("shared_experts", 1, "needs a MoE model", shared_experts=1)
+    bad("shared_ffn", 8, "shared_experts = 0", experts=2, shared_ffn=8)
+    bad("rope_scaling.high_freq_factor", 1.0, "must exceed low_freq_factor = 4.0",
+        rope_scaling=dict(factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0, original_max_position=8))
+    bad("rope_scaling.type", "yarn", "llama3", rope_scaling=dict(type="yarn", factor=8.0, low_freq_factor=1.0,
+                                                                 high_freq_factor=4.0, original_max_position=8))
+    cfg = ModelConfig(**TINY)
+    assert (cfg.kv_heads, cfg.head_dim, cfg.q_dim, cfg.kv_dim) == (4, 8, 32, 32)
+    # derived fields dump as None, so a dump with a new size derives them again (the trainer's overrides)
+    assert cfg.model_dump()["head_dim"] is None and ModelConfig(**{**cfg.model_dump(), "hidden": 64}).head_dim == 16
+    assert ModelConfig(**{**TINY, "kv_heads": 4, "head_dim": 8}) == cfg   # a default given is the default
+    fam = ModelConfig(**FAMILY)
+    assert (fam.q_dim, fam.kv_dim) == (48, 24) and ModelConfig(**fam.model_dump()) == fam
+    moe = ModelConfig(**{**TINY, **SHARED})
+    assert moe.shared_ffn == 2 * 16 and moe.model_dump()["shared_ffn"] is None
+
+
+def test_family_counts_follow_every_field():
+    fam = ModelConfig(**FAMILY)
+    h, q, c, d, f, V = 32, 48, 24, 12, 64, 64
+    assert fam.attention_params() == 2 * h * q + 2 * h * c + (q + 2 * c) + 2 * d
+    assert fam.layer_params() == fam.attention_params() + 3 * h * f + 2 * h
+    assert fam.head_params() == h  # tied: only the final norm
+    model = build_model(fam)
+    assert model.head.weight is model.embed.weight
+    assert sum(p.numel() for p in model.parameters()) == fam.num_params()
+    tokens, s = 10, fam.seq
+    assert fam.layer_forward_flops(tokens) == tokens * (2 * (2 * h * q + 2 * h * c + 3 * h * f) + 4 * s * q)
+    assert fam.head_flops(tokens) == 6 * V * h * tokens  # the tied head is still a matmul
+    b = 2
+    assert fam.activation_bytes(b, tp=2) == pytest.approx(s * b * (10 * h + (4 * q + 4 * c + 16 * h + 2 * (q + c)
+                                                                             + 5 * 4 * s) / 2))
+    moe = ModelConfig(**{**TINY, **SHARED})
+    F, E, k = 32, 4, 2
+    assert moe.shared_params() == 3 * h * F + h
+    assert moe.layer_params() == 4 * h * h + E * 3 * h * 16 + h * E + 3 * h * F + h + 2 * h
+    assert moe.layer_forward_flops(1) == 2 * (4 * h * h + k * 3 * h * 16 + h * E + 3 * h * F + h) + 4 * s * h
+    assert moe.active_params() == moe.num_params() - moe.layers * (E - k) * 3 * h * 16
+    m = build_model(moe)
+    assert sum(p.numel() for p in m.parameters()) == moe.num_params()
+
+
+def test_gqa_is_mha_with_repeated_kv_heads():
+    """The definition of grouped-query attention: the same logits as full multi-head attention whose
+    K/V projections repeat each K/V head for its heads / kv_heads query heads (HF repeat_kv's order)."""
+    hal.accelerator()
+    gqa_cfg = ModelConfig(**{**TINY, "kv_heads": 2})
+    gqa, mha = build_model(gqa_cfg, seed=5), build_model(ModelConfig(**TINY), seed=5)
+    state = gqa.state_dict()
+    for name, t in state.items():
+        if name.endswith(("attn.wk.weight", "attn.wv.weight")):   # (kv heads x d, h) -> (heads x d, h)
+            state[name] = t.view(2, 8, 32).repeat_interleave(2, dim=0).reshape(32, 32)
+    mha.load_state_dict(state)
+    ids = torch.randint(0, 64, (2, 16))
+    assert torch.allclose(gqa(ids), mha(ids), atol=1e-5)
+
+
+def test_family_forward_goes_through_hal_ops_and_tied_stage_refused():
+    hal.accelerator()
+    fam = ModelConfig(**FAMILY)
+    m = build_model(fam)
+    out = m(torch.randint(0, fam.vocab, (2, fam.seq)))
+    assert out.shape == (2, fam.seq, fam.vocab) and torch.isfinite(out).all()
+    assert m.blocks[0].attn.wq.bias is not None and m.blocks[0].attn.q_norm.weight.shape == (12,)
+    m.embed = None   # a last pipeline stage: the tied head would be a copy that drifts
+    with pytest.raises(ModelConfigError, match="tie_embeddings"):
+        m(torch.randn(1, 4, 32))
+
+
+def test_tp_refuses_kv_heads_not_dividing():
+    from hal.strategies.tensor_parallel import TensorParallelError, _check_divides
+    model = build_model(ModelConfig(**{**TINY, "kv_heads": 2}))
+    _check_divides(model, 2)
+    with pytest.raises(TensorParallelError, match=r"2 key/value heads \(wk 16 = 2 x head_dim 8\).*TP degree 4"):
+        _check_divides(model, 4)
+
+
+def test_shared_experts_are_dense_not_expert_parallel():
+    from hal.strategies.expert_parallel import apply_ep, expert_parameter_names
+    m = build_model(ModelConfig(**{**TINY, **SHARED}))
+    names = apply_ep(m, None)
+    assert names and not any("shared" in n for n in names)
+    assert {"blocks.0.moe.shared.w1.weight", "blocks.0.moe.shared_gate.weight"} <= {n for n, _ in m.named_parameters()}
+    assert expert_parameter_names(m) == names
+
+
+# Published sizes (the 1% check of issue 23): Llama-2-70B 68,976,648,192 = the bf16 bytes 137,953,296,384
+# of meta-llama/Llama-2-70b-hf's model.safetensors.index.json / 2; Mixtral-8x7B 46.7 B total, 12.9 B active
+# (Mistral AI, "Mixtral of experts", mistral.ai/news/mixtral-of-experts, 2023-12-11); Llama-3.1-8B 8.03 B
+# (meta-llama/Llama-3.1-8B model card); Qwen1.5-MoE-A2.7B 14.3 B total, 2.7 B active (its model card);
+# Qwen3-30B-A3B 30.5 B total, 3.3 B active (its model card, which rounds our 3.353 B down).
+PUBLISHED = {"llama-70b": (68.98e9, None), "moe-8x7b": (46.7e9, 12.9e9), "llama3.1-8b": (8.03e9, None),
+             "qwen1.5-moe-a2.7b": (14.3e9, 2.7e9), "qwen3-30b-a3b": (30.5e9, 3.3e9)}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_example_counts_match_published_sizes(name):
+    cfg = ModelConfig.from_toml(EXAMPLES / f"{name}.toml")
+    total, active = PUBLISHED[name]
+    assert cfg.num_params() == pytest.approx(total, rel=0.01)
+    if active:
+        assert cfg.active_params() == pytest.approx(active, rel=0.02 if name == "qwen3-30b-a3b" else 0.01)
+    if name == "llama-70b":
+        assert cfg.num_params() == 68_976_648_192 and cfg.kv_heads == 8

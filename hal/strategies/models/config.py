@@ -58,7 +58,7 @@ class RopeScaling(FieldErrorModel):
     @model_validator(mode="after")
     def _bands(self) -> "RopeScaling":
         if self.high_freq_factor <= self.low_freq_factor:
-            raise ModelConfigError("rope_scaling.high_freq_factor", self.high_freq_factor,
+            raise ModelConfigError("high_freq_factor", self.high_freq_factor,
                                    f"must exceed low_freq_factor = {self.low_freq_factor} (the interpolation "
                                    f"divides by their difference)")
         return self
