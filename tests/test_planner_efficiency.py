@@ -104,3 +104,62 @@ def test_spec_memory_per_sub_cluster_replaces_the_catalog(tmp_path):
     assert parse_cluster_spec(_spec_text(("x", "cuda", "H100", 1, 8, "memory = 96e9"))).sub_clusters[0].memory == 96e9
     with pytest.raises(ClusterSpecError, match="memory"):
         parse_cluster_spec(_spec_text(("x", "cuda", "H100", 1, 8, 'memory = "lots"')))
+
+
+def test_interleaved_candidates_round_trip_through_plans():
+    # 16 layers on 8 H100s: the search scores Interleaved1F1B (v = 2, 4) beside 1F1B; an interleaved
+    # finalist becomes a plan torch's Interleaved1F1B runs (p v stages round-robin) that checks, and
+    # reads back to the same prediction; its bubble is smaller than the same shape's 1F1B
+    from hal.strategies.planner import plan_search as S
+    from hal.strategies.planner.convert import from_plan, to_plan
+    from hal.strategies.planner.simulate import simulate
+    topo = Topology.from_spec(parse_cluster_spec(_spec_text(("h", "cuda", "H100", 1, 8))))
+    facts, node_of = [chip_facts(sc) for sc in topo.sub_clusters], {r: 0 for r in range(8)}
+    m = ModelFacts(MID)
+    cands = [c for c in S.mixed_candidates(facts, m, 32) if c.layout.virtual > 1]
+    assert cands and {c.layout.virtual for c in cands} == {2, 4}
+    c = min(cands, key=lambda c: c.estimate_s)
+    layout = S.materialize(c.layout, node_of)
+    plan = to_plan(layout, MID.name)
+    assert plan.schedule == "Interleaved1F1B" and len(plan.stages) == len(layout.stages) * layout.virtual
+    plan.check(topo, MID)
+    sim = simulate(layout, m)
+    assert simulate(from_plan(plan, facts, node_of), m).step_time_s == pytest.approx(sim.step_time_s, rel=1e-9)
+    plain = simulate(S.materialize(dataclasses.replace(c.layout, virtual=1), node_of), m)
+    assert sim.step_time_s < plain.step_time_s
+
+
+def test_selective_recompute_recomputes_attention_only_with_the_same_gradients():
+    # apply_plan hands a stage's `recompute` to StageModule: "selective" re-runs only the attention core
+    # in backward (torch's selective activation checkpointing), "full" the whole block
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from hal.strategies.apply import StageModule
+    from hal.strategies.models.gpt import GPT
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = {"attn": 0, "mm": 0}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if "scaled_dot_product" in name and "backward" not in name:
+                self.n["attn"] += 1
+            if name in ("mm", "addmm", "bmm"):
+                self.n["mm"] += 1
+            return func(*args, **(kwargs or {}))
+
+    cfg = ModelConfig(name="t", layers=2, hidden=32, heads=4, ffn=64, vocab=64, seq=16)
+    grads, seen = {}, {}
+    for kind in ("none", "selective", "full"):
+        torch.manual_seed(0)
+        stage = StageModule(GPT(cfg), (0, 2), True, True, kind)
+        x = torch.randint(0, cfg.vocab, (2, cfg.seq))
+        with Count() as c:
+            stage(x).float().pow(2).mean().backward()
+        grads[kind], seen[kind] = [p.grad.clone() for p in stage.parameters()], c.n
+    for kind in ("selective", "full"):
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads["none"], grads[kind])), kind
+    assert seen["none"]["attn"] == 2 and seen["selective"]["attn"] == 4 and seen["full"]["attn"] == 4
+    assert seen["selective"]["mm"] == seen["none"]["mm"] < seen["full"]["mm"]     # no GEMM re-run

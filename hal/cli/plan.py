@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "search_s, ...)")
     p.add_argument("--max-pp", type=int, default=32, help="deepest pipeline to consider (default 32)")
     p.add_argument("--schedule", default="1F1B", choices=["1F1B", "GPipe"],
-                   help="pipeline schedule of the written plan (default 1F1B)")
+                   help="pipeline schedule of a written 1-stage-per-rank plan (default 1F1B; an interleaved "
+                        "pick is written as Interleaved1F1B)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -143,8 +144,9 @@ def _run(args: argparse.Namespace) -> int:
     except PlanSearchError as exc:
         raise CliError(str(exc)) from None
     best = result.best
-    best.layout.schedule = args.schedule
-    plan = to_plan(best.layout, cfg.name, args.schedule)
+    if best.layout.virtual == 1:     # an interleaved pick keeps its Interleaved1F1B
+        best.layout.schedule = args.schedule
+    plan = to_plan(best.layout, cfg.name, best.layout.schedule)
     plan.check(topo, cfg)          # never hand out a plan the strategies would reject
     print(f"chosen: {best.describe}")
     print(plan_table(best.layout) + "\n")

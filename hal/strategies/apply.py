@@ -63,6 +63,21 @@ def _to_wire(x: torch.Tensor) -> torch.Tensor:
     return x.full_tensor() if isinstance(x, DTensor) else x
 
 
+def _attention_only(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Selective recompute's policy (torch.utils.checkpoint): recompute scaled-dot-product attention,
+    save the output of every other op, except in-place ops and the `mean` they mutate (RMSNorm's
+    statistic, `.add_(eps)`): a saved output changed in place would be recomputed from wrong values."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    name = getattr(getattr(op, "overloadpacket", op), "__name__", str(op))
+    again = "scaled_dot_product" in name or name.endswith("_") or name == "mean"
+    return CheckpointPolicy.PREFER_RECOMPUTE if again else CheckpointPolicy.MUST_SAVE
+
+
+def _selective_context() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+    return create_selective_checkpoint_contexts(_attention_only)
+
+
 class StageModule(nn.Module):
     """One pipeline stage of a GPT (hal.strategies.models): the embedding (first stage), blocks [start, end), the
     final norm and head (last stage). Attribute names follow the model's (`embed`, `blocks.<i>` with
@@ -80,7 +95,7 @@ class StageModule(nn.Module):
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in range(*layers)})
         self.norm = getattr(model, "norm", None) if last else None
         self.head = model.head if last else None
-        self.recompute = recompute == "full"
+        self.recompute = recompute        # "none" | "selective" | "full"
         self.aux_coef, self.aux_scale = aux_coef, aux_scale
         # GPT's blocks take the rotary tables (shared buffers, not parameters)
         self.register_buffer("rope_cos", model.rope_cos, persistent=False)
@@ -97,8 +112,14 @@ class StageModule(nn.Module):
             x = self.embed(x)
         rope = (self.rope_cos, self.rope_sin)
         for block in self.blocks.values():
-            # full recompute: keep only the block input, re-run the block in backward
-            x = checkpoint(block, x, *rope, use_reentrant=False) if self.recompute else block(x, *rope)
+            # full recompute: keep only the block input, re-run the block in backward; selective:
+            # re-run only the attention core (Korthikanti et al. 2022), keep every other op's output
+            if self.recompute == "full":
+                x = checkpoint(block, x, *rope, use_reentrant=False)
+            elif self.recompute == "selective":
+                x = checkpoint(block, x, *rope, use_reentrant=False, context_fn=_selective_context)
+            else:
+                x = block(x, *rope)
         if self.norm is not None:
             x = self.norm(x)
         if self.head is not None:

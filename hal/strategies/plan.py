@@ -73,7 +73,7 @@ class Stage(_Model):
 
     layers: tuple[int, int] = Field(description="[start, end) decoder block indices")
     replicas: list[Replica] = Field(min_length=1)
-    recompute: Literal["none", "full"] = "none"
+    recompute: Literal["none", "selective", "full"] = "none"   # selective: the attention core only
     experts: Optional[list[list[int]]] = Field(
         default=None, description="MoE: expert ids hosted by each replica (EP over the replicas)")
     ep: Optional[int] = Field(default=None, ge=1, description="MoE: EP degree; replicas form EP groups of ep "

@@ -5,13 +5,18 @@ from typing import Sequence
 
 from ..plan import Plan, Replica, Stage
 from ..schedule import Schedule
+from .cost import recompute_kind
 from .facts import ChipFacts
 from .layout import Layout, RepSpec, StageSpec
 
 
 def to_plan(layout: Layout, model_name: str, schedule: Schedule | str = Schedule.ONE_F_ONE_B) -> Plan:
     """The Plan of a layout: experts are numbered consecutively over each EP group's replicas (the
-    stage's replicas when `StageSpec.ep` is None; else blocks of ep replicas, each numbered alike)."""
+    stage's replicas when `StageSpec.ep` is None; else blocks of ep replicas, each numbered alike).
+    An interleaved layout (`virtual` v > 1) becomes p v plan stages on torch's Interleaved1F1B: rank
+    group s's layers cut into v chunks, plan stage c p + s its chunk c, layers contiguous in stage order."""
+    if layout.virtual > 1:
+        return _interleaved_plan(layout, model_name)
     stages = []
     for st in layout.stages:
         experts = None
@@ -23,9 +28,27 @@ def to_plan(layout: Layout, model_name: str, schedule: Schedule | str = Schedule
                 experts.append(list(range(nxt, nxt + r.experts)))
                 nxt += r.experts
         stages.append(Stage(layers=st.layers, replicas=[Replica(ranks=list(r.ranks), microbatch=r.mb) for r in st.reps],
-                            recompute="full" if st.recompute else "none", experts=experts,
+                            recompute=recompute_kind(st.recompute), experts=experts,
                             ep=st.ep if experts is not None else None))
     return Plan(model=model_name, num_microbatches=layout.m, schedule=schedule, zero=layout.zero, stages=stages)
+
+
+def _interleaved_plan(layout: Layout, model_name: str) -> Plan:
+    v, p = layout.virtual, len(layout.stages)
+    chunks = []
+    for st in layout.stages:
+        base, extra = divmod(st.n_layers, v)
+        chunks.append([base + (1 if c < extra else 0) for c in range(v)])
+    plain = to_plan(Layout(stages=layout.stages, m=layout.m, zero=layout.zero, node_of=layout.node_of),
+                    model_name)
+    stages, start = [], 0
+    for i in range(p * v):
+        c, s = divmod(i, p)
+        n = chunks[s][c]
+        stages.append(plain.stages[s].model_copy(update={"layers": (start, start + n)}))
+        start += n
+    return Plan(model=model_name, num_microbatches=layout.m, schedule=Schedule.INTERLEAVED_1F1B, zero=layout.zero,
+                stages=stages)
 
 
 def from_plan(plan: Plan, facts: Sequence[ChipFacts], node_of=None) -> Layout:
@@ -41,5 +64,24 @@ def from_plan(plan: Plan, facts: Sequence[ChipFacts], node_of=None) -> Layout:
                                  f"(world {sum(x.size for x in facts)})")
             reps.append(RepSpec(f, tuple(rep.ranks), rep.microbatch,
                                 len(st.experts[j]) if st.experts is not None else None))
-        stages.append(StageSpec(tuple(st.layers), reps, st.recompute == "full", ep=st.ep))
+        stages.append(StageSpec(tuple(st.layers), reps, st.recompute if st.recompute != "none" else False, ep=st.ep))
+    if plan.schedule == Schedule.INTERLEAVED_1F1B:
+        return _collapse(stages, plan, node_of)
     return Layout(stages=stages, m=plan.num_microbatches, zero=plan.zero, schedule=plan.schedule, node_of=node_of)
+
+
+def _collapse(stages: list[StageSpec], plan: Plan, node_of) -> Layout:
+    """An Interleaved1F1B plan's stages, v per rank group round-robin, as one StageSpec per rank group
+    holding all its layers (the simulator prices a rank group's work; `virtual` = v)."""
+    keys = [tuple(r.ranks for r in st.reps) for st in stages]
+    groups = list(dict.fromkeys(keys))
+    p = len(groups)
+    v = len(stages) // p
+    out = []
+    for s in range(p):
+        mine = [st for st, k in zip(stages, keys) if k == groups[s]]
+        n = sum(st.n_layers for st in mine)
+        out.append(StageSpec((mine[0].layers[0], mine[0].layers[0] + n), mine[0].reps, mine[0].recompute,
+                             ep=mine[0].ep))
+    return Layout(stages=out, m=plan.num_microbatches, zero=plan.zero, schedule=plan.schedule, node_of=node_of,
+                  virtual=v)

@@ -19,6 +19,14 @@ from .facts import ChipFacts
 SEND_AFTER_REDUCTION = False
 
 
+def in_flight(m: int, p: int, s: int, virtual: int = 1) -> float:
+    """Micro-batches of stage s's activations alive at its peak: 1F1B min(m, p - s); interleaved with
+    v stages per rank keeps (1 + 1/v) of that (Megatron-LM's interleaved warm-up: (v - 1) p + 2 (p - 1)
+    chunk forwards of 1/v of the stage's layers before its first backward, rounded up)."""
+    base = min(m, p - s)
+    return base if virtual <= 1 else base * (1 + 1 / virtual)
+
+
 @dataclass
 class RepSpec:
     """One replica (a TP group): its chip figures, ranks, rows of each micro-batch, experts hosted."""
@@ -60,6 +68,9 @@ class Layout:
     # backward() returns, i.e. after the DDP / FSDP2 gradient reduction that runs inside that
     # backward (docs/planner.md, "Prediction error"); HeteroPipeline sends first (False).
     send_after_reduction: bool = SEND_AFTER_REDUCTION
+    # stages per rank group: > 1 is torch's Interleaved1F1B over `stages` (one per rank group), each
+    # stage's layers cut into `virtual` chunks placed round-robin (convert.to_plan)
+    virtual: int = 1
 
     @property
     def global_batch(self) -> int:

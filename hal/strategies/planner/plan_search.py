@@ -134,7 +134,10 @@ def materialize(shape: Shape, node_of=None, schedule: Union[Schedule, str] = Sch
                 reps.append(RepSpec(g.facts, tps[k], g.mb, g.experts))
         stages.append(StageSpec((a, b), reps, bool(shape.recompute[si]) if shape.recompute else False,
                                 ep=shape.ep if g.experts is not None else None))
-    return Layout(stages=stages, m=shape.m, zero=shape.zero, schedule=schedule, node_of=node_of)
+    if shape.virtual > 1:
+        schedule = Schedule.INTERLEAVED_1F1B
+    return Layout(stages=stages, m=shape.m, zero=shape.zero, schedule=schedule, node_of=node_of,
+                  virtual=shape.virtual)
 
 
 def finalize(cands: list[Candidate], model: ModelFacts, keep: int, node_of=None) -> list[Candidate]:

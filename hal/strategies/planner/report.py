@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
+from .cost import recompute_kind
 from .facts import ChipFacts
 from .simulate import Layout, SimResult
 
@@ -46,6 +47,8 @@ def facts_table(facts: Sequence[ChipFacts]) -> str:
 def plan_table(layout: Layout) -> str:
     """One row per stage: layers, chips, ranks, TP, DP, rows and experts per replica by chip, recompute."""
     rows = [["stage", "layers", "chip(s)", "ranks", "tp", "dp", "rows per replica (by chip)", "recompute", "experts"]]
+    if layout.virtual > 1:      # Interleaved1F1B: each row is a rank group, its layers cut into v chunks
+        rows[0][1] = f"layers (in {layout.virtual} chunks)"
     for s, st in enumerate(layout.stages):
         chips = list(dict.fromkeys(r.facts.name for r in st.reps))
         per_chip = defaultdict(list)
@@ -60,7 +63,7 @@ def plan_table(layout: Layout) -> str:
         rows.append([str(s), f"[{st.layers[0]}, {st.layers[1]})", "+".join(chips),
                      ranges([x for r in st.reps for x in r.ranks]), str(len(st.reps[0].ranks)), str(len(st.reps)),
                      ", ".join(f"{c}: {span(v)}" for c, v in per_chip.items()),
-                     "full" if st.recompute else "none",
+                     recompute_kind(st.recompute),
                      ", ".join(f"{c}: {span(v)}" for c, v in exp.items()) or "-"])
     return _table(rows)
 

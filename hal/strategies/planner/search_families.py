@@ -107,14 +107,30 @@ def _mixed_one(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, even: 
             groups = [Group(f, t, mb, e, c) for f, runs in zip(facts, kinds) for mb, e, c in runs]
             return Shape([((bounds[s], bounds[s + 1]), groups) for s in range(p)], m, zero, ep=ep)
 
-        best = memory_options(build, model)
-        if best is None:
-            continue
-        shape, est = best
-        out.append(Candidate("even" if even else "mixed", shape, est,
-                             f"mixed stages: tp {t}, pp {p}, dp {d}{_ep_text(model, ep, d)}, micro-batch "
-                             f"{bm} x {m}, zero {shape.zero}, recompute in {sum(shape.recompute)}/"
-                             f"{len(shape.recompute)} stages"))
+        for v in (1,) if even else virtual_options(p, m, [b - a for a, b in zip(bounds, bounds[1:])]):
+            def build_v(zero: int, v=v, build=build) -> Shape:
+                shape = build(zero)
+                shape.virtual = v
+                return shape
+            best = memory_options(build_v, model)
+            if best is None:
+                continue
+            shape, est = best
+            inter = f", interleaved x {v}" if v > 1 else ""
+            out.append(Candidate("even" if even else "mixed", shape, est,
+                                 f"mixed stages: tp {t}, pp {p}{inter}, dp {d}{_ep_text(model, ep, d)}, micro-batch "
+                                 f"{bm} x {m}, zero {shape.zero}, recompute in {sum(shape.recompute)}/"
+                                 f"{len(shape.recompute)} stages"))
+    return out
+
+
+def virtual_options(p: int, m: int, layers: Sequence[int]) -> list[int]:
+    """Stages per rank group to try: 1 (1F1B) and, with p > 1 and m a multiple of p (torch's
+    Interleaved1F1B needs m % max(1, m // p) == 0), every v in (2, 4) no stage has fewer layers than.
+    Mixed stages only: torch's schedules need equal chains (every stage the same replicas and rows)."""
+    out = [1]
+    if p > 1 and m % p == 0:
+        out += [v for v in (2, 4) if min(layers) >= v]
     return out
 
 

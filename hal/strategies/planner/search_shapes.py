@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence
 
 from .cost import GRAD_BYTES, ModelFacts, dp_reduce_time, group_bw, p2p_time, replica_cost
 from .facts import ChipFacts
-from .layout import SEND_AFTER_REDUCTION
+from .layout import SEND_AFTER_REDUCTION, in_flight
 
 ZERO_LEVELS = (0, 2, 3)
 
@@ -85,15 +85,18 @@ class Shape:
     zero: int
     recompute: list[bool] = field(default_factory=list)   # per stage, set by estimate
     ep: Optional[int] = None   # MoE: EP degree (replicas per EP group, every stage); None: the whole DP group
+    virtual: int = 1           # stages per rank group (>1: torch's Interleaved1F1B, Narayanan et al. 2021)
 
     def microbatch(self, s: int) -> int:
         return sum(g.mb * g.count for g in self.stages[s][1])
 
 
 def estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[float, bool]:
-    """Closed-form 1F1B step time and whether every replica fits its memory. Recompute is chosen
-    per stage: a stage recomputes only when it does not fit without (`shape.recompute` lists it)."""
-    p, m = len(shape.stages), shape.m
+    """Closed-form step time and whether every replica fits its memory. 1F1B: (m - 1) x the slowest
+    stage + one pass through all stages; interleaved (v > 1): the pass less (1 - 1/v) of its fill
+    (Narayanan et al. 2021, the bubble / v) and the sends x v. Recompute is chosen per stage: a stage
+    recomputes only when it does not fit without (`shape.recompute` lists it)."""
+    p, m, v = len(shape.stages), shape.m, shape.virtual
     stage_t, fits, tail, p2p, chain = [], True, 0.0, 0.0, 0.0
     flags = []
     for s, ((a, b), groups) in enumerate(shape.stages):
@@ -104,7 +107,7 @@ def estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[fl
             for g in groups:
                 ep, gmb = ep_of(model, shape.ep, dp, g, nic, bm)
                 c = replica_cost(model, g.facts, g.tp, n_layers, s == 0, s == p - 1, g.mb, recompute, shape.zero,
-                                 dp, min(m, p - s), ep=ep, experts_local=g.experts, group_mb=gmb)
+                                 dp, in_flight(m, p, s, v), ep=ep, experts_local=g.experts, group_mb=gmb)
                 ok = ok and c.memory <= g.facts.memory
                 worst = max(worst, c.fwd + c.bwd)
                 opt, bwd_min = max(opt, c.optimizer), min(bwd_min, c.bwd)
@@ -137,7 +140,8 @@ def estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[fl
             p2p += 2 * p2p_time(g0.mb * model.boundary_bytes() / g0.tp, g0.facts, g1.facts, False)
     if not uniform:
         shape.recompute = flags
-    return (m - 1) * max(stage_t) + sum(stage_t) + p2p + chain + tail, fits
+    mx = max(stage_t)
+    return (m - 1) * mx + mx + (sum(stage_t) - mx) / v + p2p * v + chain + tail, fits
 
 
 def ep_of(model: ModelFacts, ep: Optional[int], dp: int, g: Group, nic: float,

@@ -13,6 +13,7 @@ import copy
 from ..schedule import Schedule, stage_order
 from .cost import GRAD_BYTES, ModelFacts, ReplicaCost, gather_time, group_bw, p2p_time, replica_cost
 from .layout import Layout, RepSpec, StageSpec, on_one_node
+from .layout import in_flight as layout_in_flight
 
 
 def fsdp_copy_bytes(dense: float, ends: float, d: int, zero: int, kind: str, j: int, m: int) -> float:
@@ -65,7 +66,7 @@ def _stage_row(layout: Layout, model: ModelFacts, s: int) -> list[ReplicaCost]:
     row, memo, grp_memo = [], {}, {}
     dp = len(st.reps)
     nic = min(x.facts.nic_bw for x in st.reps)
-    in_flight = m if simulated_schedule(layout) == Schedule.GPIPE else min(m, p - s)
+    in_flight = m if simulated_schedule(layout) == Schedule.GPIPE else layout_in_flight(m, p, s, layout.virtual)
     for j, r in enumerate(st.reps):
         ep, gmb = _ep_args(model, st, j, nic, layout.node_of or {}, grp_memo)
         key = (r.facts.name, len(r.ranks), r.mb, r.experts, ep, gmb)

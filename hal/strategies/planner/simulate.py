@@ -79,7 +79,7 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
     reduction, the loss all-reduce and the optimizer, then the statistics. With `trace` the result
     carries a Chrome trace (one process per stage, one thread per replica)."""
     notes = []
-    if layout.schedule not in ORDERED_SCHEDULES:
+    if layout.schedule not in ORDERED_SCHEDULES and layout.virtual <= 1:
         notes.append(f"schedule {layout.schedule} simulated as 1F1B (an upper bound on its bubble)")
     costs = stage_costs(layout, model)
     fwd_out, bwd_out = send_times(layout, model, row_links(layout.stages))
@@ -90,7 +90,24 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
     ev = EventPass(layout.stages, layout.m, op_queues(layout, model, costs), fwd_out, bwd_out, reduction,
                    layout.send_after_reduction, trace).run()
     step_end, per_rep_end = _step_end(layout, costs, ev, reduction, trace)
+    if layout.virtual > 1:
+        step_end = _interleaved(layout, costs, fwd_out, step_end, notes)
     return _statistics(layout, model, costs, ev, step_end, per_rep_end, notes)
+
+
+def _interleaved(layout: Layout, costs: list[list[ReplicaCost]], fwd_out: list, step_end: float,
+                 notes: list[str]) -> float:
+    """The step of torch's Interleaved1F1B with v stages per rank group: the 1F1B event pass less
+    (1 - 1/v) of its pipeline fill and drain (the slowest replica's forward + backward of every stage
+    but the slowest: Narayanan et al. 2021, the bubble shrinks v-fold), plus (v - 1) x each boundary's
+    slowest sends forward and back (a micro-batch crosses p v - 1 boundaries instead of p - 1)."""
+    v = layout.virtual
+    per_stage = [max(c.fwd + c.bwd for c in row) for row in costs]
+    gain = (1 - 1 / v) * (sum(per_stage) - max(per_stage))
+    sends = sum(max((sum(t for _, t in out) for out in fwd_out[s]), default=0.0) for s in range(len(costs) - 1))
+    notes.append(f"Interleaved1F1B with {v} stages per rank group: the 1F1B simulation less (1 - 1/{v}) of its "
+                 f"fill and drain ({gain:.3g} s), plus {v - 1} x the sends ({2 * (v - 1) * sends:.3g} s)")
+    return step_end - gain + 2 * (v - 1) * sends
 
 
 def _step_end(layout: Layout, costs: list[list[ReplicaCost]], ev: EventPass, reduction,
