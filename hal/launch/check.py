@@ -268,7 +268,7 @@ def run_ranks(prog: str, cmd: list[str], env: dict, log: Optional[str] = None) -
         f = os.fdopen(fd, "w")
     else:
         f = open(log, "w")
-    with f:  # torchrun dies with this process; Ctrl-C / SIGTERM stop it and its ranks (hal.launch.watchdog)
+    with f:  # torchrun dies with this process; Ctrl-C / SIGTERM end it and its ranks (hal.launch.watchdog)
         from hal.launch.watchdog import call_supervised
         code = call_supervised(cmd, env, stderr=f)
     text = Path(log).read_text(errors="replace")

@@ -6,8 +6,7 @@ Three links, each enough on its own for its step of the chain:
   it SIGKILL when `hal` dies (Linux `prctl(PR_SET_PDEATHSIG)`, via ctypes). Not SIGTERM: with SIGTERM, a
   test-bed node's torchrun (2 nodes, loaded machine) was still alive 10 s after its `hal` was killed
   (its graceful stop has no bound of ours); the ranks follow it at once by their own parent-death
-  signal. (Ctrl-C / SIGTERM to a live `hal` stop torchrun with SIGTERM, its graceful stop:
-  `call_supervised`.)
+  signal. (Ctrl-C / SIGTERM to a live `hal` end torchrun the same way: `call_supervised`.)
 - torchrun -> rank: torchrun starts each rank in a session of its own, so a signal to `hal`'s process
   group never reaches it; `guard_rank()` (called by hal.launch.rank_entry before the target runs) sets
   the rank's own parent-death signal (SIGKILL when torchrun dies) and
@@ -112,35 +111,22 @@ class Terminated(SystemExit):
     """The launcher got SIGTERM: its job is stopped, then it exits 143."""
 
 
-def call_supervised(cmd: list[str], env: dict, stderr=None, grace_s: float = 30.0) -> int:
-    """`subprocess.call` for a launcher's torchrun: the child dies with this process (SIGKILL via
-    PR_SET_PDEATHSIG); on Ctrl-C (KeyboardInterrupt) or SIGTERM the child gets SIGTERM (torchrun stops
-    its ranks), SIGKILL after `grace_s`, and the exception goes on up (the `hal` command exits 130 /
-    143)."""
+def call_supervised(cmd: list[str], env: dict, stderr=None) -> int:
+    """`subprocess.call` for a launcher's torchrun, tied to this process: the child dies with it
+    (SIGKILL via PR_SET_PDEATHSIG), and SIGTERM to this process ends the child too (Terminated, exit
+    143). On Ctrl-C `subprocess.call` gives the child (which got the SIGINT as well) 0.25 s, then kills
+    it, and the KeyboardInterrupt goes on up (the `hal` command exits 130); the ranks die with torchrun
+    by their own parent-death signal. Through `subprocess.call`, so tests that record launches by
+    replacing it see this one too."""
     import functools
     import subprocess
-    p = subprocess.Popen(cmd, env=env, stderr=stderr, preexec_fn=functools.partial(die_with_parent, os.getpid()))
 
     def on_term(signum, frame):
         raise Terminated(143)
-    old = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() else None
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, on_term) if main else None
     try:
-        return p.wait()
-    except BaseException:
-        stop(p, grace_s)
-        raise
+        return subprocess.call(cmd, env=env, stderr=stderr, preexec_fn=functools.partial(die_with_parent, os.getpid()))
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
-
-
-def stop(p, grace_s: float) -> None:
-    """SIGTERM to a child still running, SIGKILL after `grace_s`; returns once it is reaped (bounded)."""
-    import subprocess
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
