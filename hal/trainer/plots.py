@@ -40,15 +40,17 @@ def plot_run(run_dir: Path, chips: Optional[list[str]] = None, title: str = "") 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, [r["loss"] for r in recs], lw=1, label="train loss")
     vals = [(r["step"], r["val_loss"]) for r in recs if "val_loss" in r]
-    final = json.loads((run_dir / "summary.json").read_text()).get("val_losses", []) \
-        if (run_dir / "summary.json").is_file() else []
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    final = summary.get("val_losses", [])
     for s, v in final:
         if (s, v) not in vals:
             vals.append((s, v))
     if vals:
         vals.sort()
         ax.plot([s for s, _ in vals], [v for _, v in vals], "o-", label="validation loss")
-    ax.axhline(math.log(256), color="grey", ls=":", label="uniform bytes (ln 256)")
+    uniform = summary.get("uniform_baseline") or math.log(256)  # ln of the run's tokenizer vocab
+    vocab = round(math.exp(uniform))
+    ax.axhline(uniform, color="grey", ls=":", label=f"uniform {'bytes' if vocab == 256 else 'tokens'} (ln {vocab})")
     ax.set_xlabel("step"), ax.set_ylabel("cross entropy (nats)"), ax.legend()
     ax.set_title(f"loss {title}{emulated}".strip(), fontsize=9)
     out.append(_save(fig, run_dir / "loss.png", plt))
