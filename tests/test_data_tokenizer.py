@@ -152,3 +152,19 @@ def test_pretokenised_shards(tmp_path):
         fh.write(b"\0")  # a shard that does not match its header
     with pytest.raises(DataError, match=r"part0\.bin: 10001 bytes, header says 5000 x uint16"):
         Corpus.from_config(cfg)
+
+
+def test_load_corpus_rank_0_builds_the_cache_the_others_only_read_it(tmp_path, monkeypatch):
+    import torch.distributed as dist
+    texts = _texts(tmp_path / "t", 6)
+    cfg = _cfg(tmp_path, vocab=300, source="files", paths=[str(texts)], glob="*.txt", val_fraction=0.4,
+               tokenizer="bpe:300")
+    with pytest.raises(DataError, match=r"bpe:300: tokenizer cache .* missing"):
+        data_mod._tokenizer(cfg, data_mod.corpus_key(cfg), None)  # a reader without the cache does not build it
+    calls = []
+    monkeypatch.setattr(dist, "monitored_barrier", lambda group, timeout: calls.append(timeout.total_seconds()))
+    rank0 = data_mod.load_corpus(cfg, 0, None)  # builds it, then meets the others at the barrier
+    monkeypatch.setattr(data_mod, "train_bpe", lambda *a: pytest.fail("rank 1 must not train"))
+    monkeypatch.setattr(data_mod, "_encode", lambda *a: pytest.fail("rank 1 must not tokenise"))
+    rank1 = data_mod.load_corpus(cfg, 1, None)  # after the barrier: reads what rank 0 wrote
+    assert calls == [data_mod.PREPARE_TIMEOUT_S] * 2 and torch.equal(rank0.train, rank1.train)
