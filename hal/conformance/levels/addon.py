@@ -13,6 +13,8 @@ chip; here they cannot be observed (said in the result).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ..checks import CheckFailed
 from ..target import LocalContext, load_plugin
 
@@ -34,8 +36,8 @@ def _hooks(pm, module) -> dict[str, str]:
     return out
 
 
-def _winners(kernels) -> dict[str, object]:
-    out: dict[str, object] = {}
+def _winners(kernels) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for k in kernels:  # highest priority first
         out.setdefault(k.op, k)
     return out
@@ -77,7 +79,7 @@ def check_addon_effect(ctx: LocalContext) -> str:
     t = ctx.target
     if t.record is None or t.pm is None:
         raise CheckFailed(f"the add-on did not load on top of {t.owner!r}: {t.load_error}")
-    alone, owner_record, error = load_plugin(t.owner)
+    alone, owner_record, error = load_plugin(str(t.owner))
     if owner_record is None:
         raise CheckFailed(f"the chip's owner {t.owner!r} does not load alone: {error}")
     hooks = _hooks(t.pm.pm, t.record.module)
