@@ -265,6 +265,10 @@ HAL_TESTBED_STATE_DIR: EnvVar[str] = _declare(EnvVar(
 HAL_LAUNCHER_PID: EnvVar[int] = _declare(EnvVar(
     "HAL_LAUNCHER_PID", "int", 0, "set by `hal train` for its ranks: the launcher's pid; a rank ends itself "
     "when that process is gone (hal.launch.watchdog); 0: no watch", _int))
+HAL_SHARED_DIR_WAIT_S: EnvVar[float] = _declare(EnvVar(
+    "HAL_SHARED_DIR_WAIT_S", "float", 60.0, "seconds each node of a multi-node `hal train` waits to see the "
+    "marker rank 0 wrote in the checkpoint folder (a shared file system may show it late; "
+    "hal.launch.nodes.check_shared_dir); at most the config's timeout_s", _float))
 HAL_TRAIN_PLAIN = _flag(
     "HAL_TRAIN_PLAIN", "`hal train` prints plain lines even on a terminal (no live table)")
 

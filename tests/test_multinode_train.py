@@ -7,6 +7,8 @@ host 0 holds 2 emulated cuda ranks, host 1 2 emulated ascend ranks, timed emulat
 - the same once per host under emulated Slurm variables (SLURM_NODEID, SLURM_NNODES,
   SLURM_JOB_NODELIST), no node flags;
 - a SIGKILLed `hal` on host 1 leaves no process of its job on that host within 10 s;
+- a host that sees another folder at the checkpoint path (a tmpfs mounted there in host 1's own mount
+  namespace) is named in the one line every node prints (SharedFolderError);
 - `hal testbed run` of `hal train` with a bad config prints that rank's one line.
 Needs root and network namespaces (skips with the reason otherwise). Not yet here: the tiny MoE, a
 3-host bed with a sub-cluster on two hosts, a host killed mid-run resuming with --max-restarts.
@@ -176,3 +178,22 @@ def test_testbed_run_prints_a_failing_ranks_one_line(bed, tmp_path, capsys):
     err = capsys.readouterr().err
     first = [ln for ln in err.splitlines() if "first failing rank" in ln]
     assert code != 0 and len(first) == 1 and "lr_typo" in first[0] and "exitcode" not in first[0], err
+
+
+def test_a_node_that_cannot_see_the_checkpoint_folder_is_named(bed, tmp_path):
+    cfg = _config(tmp_path, "unshared")
+    ck = tmp_path / "unshared" / "checkpoints"
+    ck.mkdir(parents=True)
+    r = bed.run(1, ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(ck)])  # host 1's mounts only
+    assert r.returncode == 0, r.stderr
+    port = 29600 + os.getpid() % 90
+    argv = lambda h: [sys.executable, "-m", "hal.cli", "train", "--config", str(cfg), "--nnodes", "2",  # noqa: E731
+                      "--node-rank", str(h), "--rdzv-endpoint", f"{bed.master_addr}:{port}"]
+    try:
+        results = _per_host(bed, argv, lambda h: _env({"HAL_SHARED_DIR_WAIT_S": "2"}))  # the marker's wait
+    finally:
+        bed.run(1, ["umount", "-l", str(ck)])
+    for code, text in results:
+        first = [ln for ln in text.splitlines() if "first failing rank" in ln]
+        assert code == 1 and len(first) == 1, text[-3000:]
+        assert "SharedFolderError" in first[0] and "node 1 (" in first[0] and "cannot see the marker" in first[0], first

@@ -208,12 +208,16 @@ def sees_marker(path: Path, nonce: str, timeout_s: float, poll_s: float = 0.2) -
 
 
 def check_shared_dir(folder: Path, group, timeout_s: float = 60.0, field: str = "checkpoint.dir") -> None:
-    """Every node sees the folder rank 0 writes into (multi-node runs only; a no-op on one node).
-    Collective over `group` (every rank calls it); SharedFolderError on every rank naming the node."""
+    """Every node sees the folder rank 0 writes into (multi-node runs only; a no-op on one node), each
+    waiting at most min(timeout_s, HAL_SHARED_DIR_WAIT_S). Collective over `group` (every rank calls
+    it); SharedFolderError on every rank naming the node."""
     import torch.distributed as dist
+
+    from hal import envs
     world = dist.get_world_size(group)
     if int(os.environ.get("LOCAL_WORLD_SIZE", world)) >= world:
         return
+    timeout_s = min(timeout_s, envs.HAL_SHARED_DIR_WAIT_S.get())
     box: list = [None]
     if dist.get_rank(group) == 0:
         Path(folder).mkdir(parents=True, exist_ok=True)
