@@ -12,10 +12,13 @@ is corrupted four ways in turn (a pristine copy each time): each resume must ski
 `skipped`, start at step 1 and end with the reference's exact final loss, validation loss and parameter
 digest; last, a resume with another hidden size is one CheckpointError naming the entries.
 
-Every run here also carries tests/test_nonfinite.py's `skip` case: `on_nonfinite = "skip"` and a NaN put
-into rank 1's gradient at step 3 (the test-only `[debug]` fault `nan_grad`): step 3's optimizer step is
-skipped on every rank, metrics.jsonl and summary.json count it, and no checkpoint holds a NaN (each resume
-skips it again, so the final figures still agree exactly).
+The non-finite guard (hal/trainer/nonfinite.py) rides on these warm ranks rather than on `hal train`
+launches of its own (a launch costs a whole torchrun start-up): every run here has `on_nonfinite = "skip"`
+and a NaN put into rank 1's gradient at step 3 (the test-only `[debug]` fault `nan_grad`), so step 3's
+optimizer step is skipped on every rank, metrics.jsonl and summary.json count it, and no checkpoint holds a
+NaN (each resume skips it again, so the final figures still agree exactly); and one run with the default
+`stop` ends on every rank with the NonFiniteError naming step, rank and parameter, with no checkpoint of
+that step or later and none holding a NaN.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from hal.testing import WorkerPool
 from hal.testing.worker_pool import WorkerError
 from hal.trainer import integrity
 
-from . import _resume_cases as cases
+from . import _integrity_cases as cases
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -147,7 +150,7 @@ def pool():
 @pytest.fixture(scope="module")
 def runs(pool, tmp_path_factory):
     d = tmp_path_factory.mktemp("integrity")
-    reference = pool.run(cases.run, _config(d / "reference"), timeout=240)
+    reference = pool.run(cases.run_with_warnings, _config(d / "reference"), timeout=240)
     for step in (1, 2):  # the run as if stopped after step 2
         shutil.copytree(d / "reference" / "checkpoints" / f"step_{step:08d}", d / "stopped" / f"step_{step:08d}")
     return d / "stopped", reference
@@ -170,7 +173,9 @@ def test_corrupt_newest_checkpoint_falls_back_and_ends_exact(pool, runs, tmp_pat
         shutil.copytree(pristine, run / "checkpoints")
         bad = run / "checkpoints" / "step_00000002"
         corrupt(bad)
-        results = pool.run(cases.run, _config(run), timeout=240)
+        results = pool.run(cases.run_with_warnings, _config(run), timeout=240)
+        warned = [w for w in results[0]["warnings"] if "is not trusted" in w]  # rank 0's console line
+        assert len(warned) == 1 and str(bad) in warned[0] and "falling back" in warned[0], (kind, results[0])
         for got, ref in zip(results, reference):
             assert got["start"] == 1, (kind, got["start"])
             skipped = got["resumed"]["skipped"]
@@ -185,7 +190,19 @@ def test_another_model_size_is_one_checkpoint_error_naming_entries(pool, runs, t
     cfg = _config(tmp_path / "wide")
     cfg["model"]["overrides"]["hidden"] = 96
     with pytest.raises(WorkerError) as info:
-        pool.run(cases.run, cfg, timeout=240)
+        pool.run(cases.run_with_warnings, cfg, timeout=240)
     for o in info.value.outcomes:
         assert o.error_type == "CheckpointError", o.error
         assert "step_00000002" in o.error and "another shape" in o.error and "in the checkpoint" in o.error, o.error
+
+
+def test_nan_gradient_stops_every_rank_naming_step_rank_parameter(pool, tmp_path):
+    from .test_nonfinite import checkpoints_finite
+    cfg = _config(tmp_path / "stop", train={}, debug={"faults": [{"action": "nan_grad", "rank": 1, "step": 2}]})
+    with pytest.raises(WorkerError) as info:
+        pool.run(cases.run_with_warnings, cfg, timeout=240)
+    for o in info.value.outcomes:
+        assert o.error_type == "NonFiniteError", o.error
+        assert ("step 2: non-finite gradient on rank 1: first non-finite parameter embed.weight" in o.error
+                and "no checkpoint written" in o.error), o.error
+    assert checkpoints_finite(tmp_path / "stop") in ([], [1])  # step 1's async save may still be in flight
