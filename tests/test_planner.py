@@ -102,10 +102,12 @@ def test_compute_time_is_flops_over_achieved_rate():
     rc = replica_cost(m, facts[0], 1, 1, False, False, 1, True, 0, 1, 1)
     assert rc.bwd == pytest.approx(c1.bwd + c1.fwd)          # full recompute: one more forward
     # selective recompute: the attention core's forward again (its FLOPs at the matrix's attention
-    # fraction), the memory of no recompute (a fused kernel keeps no scores either way)
+    # fraction) and the memory-bound ops (2 x activation bytes at the memory bandwidth), the memory of
+    # no recompute (a fused kernel keeps no scores either way)
     sel = replica_cost(m, facts[0], 1, 1, False, False, 1, "selective", 0, 1, 1)
     attn = 4 * SMALL.seq * SMALL.hidden * SMALL.seq / (facts[0].peak * facts[0].matrix.attention)
-    assert sel.bwd == pytest.approx(c1.bwd + attn) and sel.memory == c1.memory
+    elementwise = 2 * m.act_bytes(1, False) / facts[0].memory_bw
+    assert sel.bwd == pytest.approx(c1.bwd + attn + elementwise) and sel.memory == c1.memory
 
 
 # ---- simulator -------------------------------------------------------------------------------------

@@ -63,14 +63,17 @@ def _to_wire(x: torch.Tensor) -> torch.Tensor:
     return x.full_tensor() if isinstance(x, DTensor) else x
 
 
+_SAVED_GEMMS = {"mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "_scaled_mm"}
+
+
 def _attention_only(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
-    """Selective recompute's policy (torch.utils.checkpoint): recompute scaled-dot-product attention,
-    save the output of every other op, except in-place ops and the `mean` they mutate (RMSNorm's
-    statistic, `.add_(eps)`): a saved output changed in place would be recomputed from wrong values."""
+    """Selective recompute's policy (torch.utils.checkpoint): keep the GEMMs' outputs, recompute the
+    rest in backward: the attention core (Korthikanti et al. 2022) and the cheap memory-bound ops
+    around it. (Saving those too, as Megatron-LM does, breaks on ops that change a saved output in
+    place, RMSNorm's `.add_(eps)`; recomputing them costs memory bandwidth, not GEMM FLOPs.)"""
     from torch.utils.checkpoint import CheckpointPolicy
     name = getattr(getattr(op, "overloadpacket", op), "__name__", str(op))
-    again = "scaled_dot_product" in name or name.endswith("_") or name == "mean"
-    return CheckpointPolicy.PREFER_RECOMPUTE if again else CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.MUST_SAVE if name in _SAVED_GEMMS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _selective_context() -> Any:

@@ -6,7 +6,7 @@ Conventions (each a stated assumption, printed in docs/planner.md):
     mixed-precision AdamW: 16 bytes/param replicated; ZeRO-2 2 + 14/d; ZeRO-3 16/d (REFERENCE.md).
   - forward FLOPs of a layer = 2 x its matmul parameters per token + 4 s h per token for attention;
     backward = 2 x forward; full recompute adds one forward, selective recompute (Korthikanti et al.
-    2022) the attention core's forward. Each GEMM is timed at the chip efficiency matrix's fraction
+    2022) the attention core's forward and the memory-bound ops (apply_plan keeps only GEMM outputs). Each GEMM is timed at the chip efficiency matrix's fraction
     of peak for its (m, n, k) (hal.core.chip_matrix), the attention core at the matrix's attention
     fraction, memory-bound work at the matrix's share of the memory bandwidth (ChipFacts.memory_bw).
   - activations: ModelConfig.activation_bytes(attention="fused") (REFERENCE.md without the s x s
@@ -40,8 +40,11 @@ class ModelFacts:
     Parameters, FLOPs and activation bytes come from `hal.strategies.models.ModelConfig` (one
     definition); activations with `attention="fused"`: torch's SDPA on CUDA/NPU keeps no scores."""
 
-    def __init__(self, cfg, dtype_bytes: int = BF16, op_profile=None) -> None:
+    def __init__(self, cfg, dtype_bytes: int = BF16, op_profile=None, vocab_parallel: bool = False) -> None:
         self.cfg = cfg
+        # the embedding, head and loss sharded over TP (Megatron-LM's vocab-parallel layers), as a
+        # published run laid out by Megatron-LM has them; False: whole on every TP rank, as apply_plan runs
+        self.vocab_parallel = vocab_parallel
         # an op_profile.OpProfile: price compute op by op (a roofline per op) instead of from totals
         self.op_profile = op_profile
         # bytes per activation element (2: bf16 training; 4: an fp32 run, e.g. emulated on a CPU)
@@ -220,8 +223,8 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     bwd = 2 * compute_fwd + 2 * elementwise + (tp_comm + ep_comm) / 2
     if kind == "full":
         bwd += compute_fwd + elementwise + (tp_comm + ep_comm) / 2
-    elif kind == "selective":
-        bwd += attn
+    elif kind == "selective":     # apply_plan re-runs the attention core and the memory-bound ops
+        bwd += attn + elementwise
     op_opt = grad_acc = None
     if m.op_profile is not None and not m.experts:     # op by op (op_profile.py); comm as above
         from .op_profile import stage_seconds
@@ -263,8 +266,8 @@ def _forward_seconds(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, last: 
         secs += n_layers * (2 * tokens * m.hidden * m.experts / _rate(f, tokens, m.experts, m.hidden)
                             + e_local * 3 * 2 * per_expert * m.hidden * m.ffn / _rate(f, per_expert, m.ffn, m.hidden))
     if last:
-        tokens = m.seq * mb
-        secs += m.head_fwd_flops() * mb / _rate(f, tokens, m.vocab, m.hidden)
+        tokens, vt = m.seq * mb, (tp if m.vocab_parallel else 1)
+        secs += m.head_fwd_flops() * mb / vt / _rate(f, tokens, m.vocab / vt, m.hidden)
     act = m.act_bytes(tp, False) * mb * n_layers
     return secs, ELEMENTWISE_PASSES * act / f.memory_bw, n_layers * attn
 
@@ -344,7 +347,8 @@ def _local_params(m: ModelFacts, tp: int, n_layers: int, first: bool, last: bool
         dense = n_layers * (layer_p / tp + router_p)
     else:
         dense = n_layers * layer_p / tp
-    dense += (m.embed_params if first else 0) + (m.embed_params if last else 0)
+    ends = (m.embed_params if first else 0) + (m.embed_params if last else 0)
+    dense += ends / tp if m.vocab_parallel else ends
     return dense, eparams, layer_p
 
 
@@ -367,7 +371,7 @@ def _memory_bytes(m: ModelFacts, tp: int, n_layers: int, last: bool, mb: int, re
     # both (torch's cross_entropy; tests/test_planner_memory.py checks it against emulated runs). It
     # and the layer working set are not live at once (the loss's backward runs before the layers'),
     # so the larger of the two counts.
-    loss = (LOSS_COPIES * 4 * m.seq * m.vocab * mb) if last else 0.0
+    loss = (LOSS_COPIES * 4 * m.seq * m.vocab * mb / (tp if m.vocab_parallel else 1)) if last else 0.0
     zero3_gather = (m.dtype_bytes * layer_p / tp * 2) if zero == 3 else 0.0       # two layers gathered ahead
     # torch DDP (zero 0, dp > 1; apply_plan's data parallel) keeps its gradient buckets apart from
     # .grad (gradient_as_bucket_view is off): one more fp32 gradient per parameter it reduces

@@ -1,0 +1,184 @@
+"""Published training runs against the planner: predicted vs published throughput, twice per run (the
+authors' own layout, simulated; and the layout `search` picks on the same cluster and global batch).
+
+    python -m benchmarks.planner_published [--rows NAME,...] [--no-search] [--json FILE]
+
+Every figure the planner uses comes from the catalog and its efficiency matrices (hal.core.chip_matrix),
+calibrated from microbenchmarks (matmul, attention, copy), never fitted to these runs. The published
+figure of each row is converted to tokens/s with the source's own FLOP count where it states one
+(Megatron-LM 2021: 96 B s l h^2 (1 + s/6h + V/16lh) per iteration, with full recompute), else with
+ModelConfig.train_flops (MFU x peak x GPUs / model FLOPs per token). Prints a table; never pass/fail.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from hal.core.cluster import parse_cluster_spec
+from hal.core.topology import Topology
+from hal.strategies.models import ModelConfig
+from hal.strategies.planner import ModelFacts, search, simulate
+from hal.strategies.planner.facts import cluster_facts
+from hal.strategies.planner.plan_search import Group, Shape, materialize
+from hal.strategies.planner.search_shapes import split_layers
+
+NARAYANAN = "Narayanan et al. 2021, 'Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM' (SC21), Table 1"
+KORTHIKANTI = "Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large Transformer Models' (arXiv 2205.05198), Table 5 (selective recompute + sequence parallel)"
+LLAMA3 = "Llama Team 2024, 'The Llama 3 Herd of Models' (arXiv 2407.21783), Table 4"
+BRIDGE = "NVIDIA Megatron-Bridge docs/performance-summary-archive.md, 26.02 container, DGX-H100 BF16 (MoE benchmarks force-balance tokens)"
+
+
+def gpt(name: str, layers: int, hidden: int, heads: int, seq: int = 2048, vocab: int = 51200) -> ModelConfig:
+    """A Megatron GPT (ffn 4h there; SwiGLU's 8h/3 keeps the same 12 h^2 per layer)."""
+    return ModelConfig(name=name, layers=layers, hidden=hidden, heads=heads, ffn=hidden * 8 // 3 // 64 * 64,
+                       vocab=vocab, seq=seq)
+
+
+def _gqa(**kw) -> ModelConfig:
+    """A config with kv_heads / head_dim where ModelConfig has them (GQA), else without (MHA: more FLOPs)."""
+    try:
+        return ModelConfig(**kw)
+    except Exception:
+        return ModelConfig(**{k: v for k, v in kw.items() if k not in ("kv_heads", "head_dim")})
+
+
+@dataclass
+class Row:
+    name: str
+    cfg: ModelConfig
+    chip: str                 # catalog model
+    gpus: int
+    tp: int
+    pp: int
+    batch: int                # global batch, sequences
+    mbs: int                  # micro-batch per replica, sequences
+    recompute: str
+    published: float          # tokens/s of the whole run
+    published_text: str
+    source: str
+    virtual: int = 1
+    zero: int = 0
+    ep: Optional[int] = None
+
+
+def _megatron(name, layers, hidden, heads, tp, pp, gpus, batch, tflops) -> Row:
+    cfg = gpt(name, layers, hidden, heads)
+    s, v = cfg.seq, cfg.vocab
+    per_token = 96 * layers * hidden ** 2 * (1 + s / (6 * hidden) + v / (16 * layers * hidden))
+    return Row(name, cfg, "A100", gpus, tp, pp, batch, 1, "full", tflops * 1e12 * gpus / per_token,
+               f"{tflops:.0f} TFLOP/s/GPU", NARAYANAN)
+
+
+def _mfu(row_kw: dict, mfu: float, peak: float) -> Row:
+    cfg = row_kw["cfg"]
+    per_token = cfg.train_flops(cfg.seq) / cfg.seq
+    return Row(**row_kw, published=mfu * peak * row_kw["gpus"] / per_token)
+
+
+LLAMA405 = dict(name="llama3-405b", layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=128256,
+                seq=8192)
+GPT_OSS = dict(name="gpt-oss-120b", layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880,
+               vocab=201088, seq=4096, experts=128, top_k=4)
+
+
+def rows() -> list[Row]:
+    out = [
+        _megatron("gpt-18b", 40, 6144, 48, 8, 1, 256, 1024, 135),
+        _megatron("gpt-39b", 48, 8192, 64, 8, 2, 512, 1536, 138),
+        _megatron("gpt-76b", 60, 10240, 80, 8, 4, 1024, 1792, 140),
+        _megatron("gpt-146b", 80, 12288, 96, 8, 8, 1536, 2304, 148),
+        _megatron("gpt-310b", 96, 16384, 128, 8, 16, 1920, 2160, 155),
+        _megatron("gpt-530b", 105, 20480, 128, 8, 35, 2520, 2520, 163),
+        _megatron("gpt-1t", 128, 25600, 160, 8, 64, 3072, 3072, 163),
+    ]
+    for name, layers, hidden, heads, pp, gpus, mfu in (("gpt-175b-sel", 96, 12288, 96, 8, 64, 0.514),
+                                                         ("gpt-530b-sel", 105, 20480, 128, 35, 280, 0.560)):
+        cfg = gpt(name, layers, hidden, heads)
+        out.append(_mfu(dict(name=name, cfg=cfg, chip="A100", gpus=gpus, tp=8, pp=pp, batch=gpus, mbs=1,
+                             recompute="selective", published_text=f"MFU {mfu:.1%}", source=KORTHIKANTI), mfu, 312e12))
+    llama = _gqa(**LLAMA405)
+    for gpus, dp, mfu, tf in ((8192, 64, 0.43, 430), (16384, 128, 0.41, 400)):
+        out.append(_mfu(dict(name=f"llama3-405b-{gpus}", cfg=llama, chip="H100", gpus=gpus, tp=8, pp=16,
+                             batch=2048, mbs=1, recompute="none", published_text=f"{tf} TFLOP/s/GPU, MFU {mfu:.0%}",
+                             source=LLAMA3, virtual=2, zero=2), mfu, 989.5e12))
+    oss = _gqa(**GPT_OSS)
+    out.append(Row("gpt-oss-120b", oss, "H100", 64, 1, 4, 1280, 1, "none", 5993 * 64, "5993 tokens/s/GPU", BRIDGE,
+                   ep=8))
+    return out
+
+
+def cluster(row: Row):
+    nodes = row.gpus // 8
+    spec = parse_cluster_spec(f'name = "{row.name}"\n[[sub_clusters]]\nname = "gpu"\nchip = "cuda"\n'
+                              f'model = "{row.chip}"\nnodes = {nodes}\nranks_per_node = 8\n')
+    topo = Topology.from_spec(spec)
+    return topo, cluster_facts(topo), {r: r // 8 for r in range(row.gpus)}
+
+
+def authors_layout(row: Row, f, node_of):
+    """The authors' TP / PP / DP, micro-batch, recompute, ZeRO and interleaving as a layout."""
+    dp = row.gpus // (row.tp * row.pp)
+    counts = split_layers(row.cfg.layers, [1.0] * row.pp, [0.0] * row.pp)
+    bounds = [0]
+    for c in counts:
+        bounds.append(bounds[-1] + c)
+    experts = row.cfg.experts // (row.ep or dp) if row.cfg.experts else None
+    stages = [((bounds[s], bounds[s + 1]), [Group(f, row.tp, row.mbs, experts, dp)]) for s in range(row.pp)]
+    shape = Shape(stages, row.batch // (dp * row.mbs), row.zero, [row.recompute] * row.pp, ep=row.ep,
+                  virtual=row.virtual)
+    return materialize(shape, node_of)
+
+
+def run(row: Row, do_search: bool) -> dict:
+    topo, facts, node_of = cluster(row)
+    model = ModelFacts(row.cfg, vocab_parallel=True)     # Megatron-LM shards embedding, head and loss over TP
+    t0 = time.perf_counter()
+    sim = simulate(authors_layout(row, facts[0], node_of), model)
+    out = {"row": row.name, "gpus": row.gpus, "chip": row.chip, "published": row.published,
+           "authors": sim.tokens_per_s, "authors_fits": sim.fits, "authors_mfu": sim.mfu.get("gpu"),
+           "error": sim.tokens_per_s / row.published - 1, "source": row.source,
+           "layout": f"tp {row.tp} pp {row.pp}" + (f" x{row.virtual}" if row.virtual > 1 else "")
+                     + f" dp {row.gpus // (row.tp * row.pp)}" + (f" ep {row.ep}" if row.ep else "")
+                     + f", mbs {row.mbs}, batch {row.batch}, {row.recompute} recompute, zero {row.zero}"}
+    if do_search:
+        res = search(facts, model, row.batch, node_of=node_of, max_pp=max(32, row.pp), topology=topo)
+        out.update(search=res.best.sim.tokens_per_s, search_layout=res.best.describe,
+                   bound=res.bound_tokens_per_s)
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", help="comma-separated row names (default: all)")
+    ap.add_argument("--no-search", action="store_true", help="only the authors' layouts")
+    ap.add_argument("--json", help="write the results as JSON")
+    args = ap.parse_args(argv)
+    want = set(args.rows.split(",")) if args.rows else None
+    results = []
+    print(f"{'run':20} {'GPUs':>6} {'chip':5} {'published':>11} {'authors':>11} {'err':>7} {'search':>11} "
+          f"{'s/a':>6}  layout (authors') | search's pick")
+    for row in rows():
+        if want and row.name not in want:
+            continue
+        r = run(row, not args.no_search)
+        results.append(r)
+        srch = f"{r['search']:11.0f} {r['search'] / r['authors']:6.3f}" if "search" in r else f"{'-':>11} {'-':>6}"
+        print(f"{row.name:20} {row.gpus:6d} {row.chip:5} {row.published:11.0f} {r['authors']:11.0f} "
+              f"{r['error']:+7.1%} {srch}  {r['layout']}" + ("" if r["authors_fits"] else " [OVER MEMORY]")
+              + (f" | {r['search_layout']}" if "search" in r else ""), flush=True)
+    errs = [abs(r["error"]) for r in results]
+    if errs:
+        print(f"\n|error| of the authors' layouts: max {max(errs):.1%}, mean {sum(errs) / len(errs):.1%} over "
+              f"{len(errs)} runs; within 15%: {sum(e <= 0.15 for e in errs)}/{len(errs)}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
