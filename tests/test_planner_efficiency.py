@@ -152,14 +152,17 @@ def test_selective_recompute_recomputes_attention_only_with_the_same_gradients()
 
     cfg = ModelConfig(name="t", layers=2, hidden=32, heads=4, ffn=64, vocab=64, seq=16)
     grads, seen = {}, {}
-    for kind in ("none", "selective", "full"):
-        torch.manual_seed(0)
-        stage = StageModule(GPT(cfg), (0, 2), True, True, kind)
-        x = torch.randint(0, cfg.vocab, (2, cfg.seq))
+    torch.manual_seed(0)
+    stage = StageModule(GPT(cfg), (0, 2), True, True)
+    x = torch.randint(0, cfg.vocab, (2, cfg.seq))
+    for kind in ("none", "selective", "full"):   # one stage, same weights and input, recompute switched
+        stage.recompute = kind
+        stage.zero_grad(set_to_none=True)
         stage(x).float().pow(2).mean().backward()
         grads[kind] = [p.grad.clone() for p in stage.parameters()]
-        with Count() as c:                   # the ops a second step runs (counted apart from the gradients)
+        with Count() as c:                   # the ops a second pass runs (counted apart from the gradients)
             stage(x).float().pow(2).mean().backward()
+        stage.zero_grad(set_to_none=True)
         seen[kind] = c.n
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(grads["none"], grads["selective"]))
     assert seen["none"]["attn"] == 2 and seen["selective"]["attn"] == 4 and seen["full"]["attn"] == 4

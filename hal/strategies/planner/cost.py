@@ -6,7 +6,8 @@ Conventions (each a stated assumption, printed in docs/planner.md):
     mixed-precision AdamW: 16 bytes/param replicated; ZeRO-2 2 + 14/d; ZeRO-3 16/d (REFERENCE.md).
   - forward FLOPs of a layer = 2 x its matmul parameters per token + 4 s h per token for attention;
     backward = 2 x forward; full recompute adds one forward, selective recompute (Korthikanti et al.
-    2022) the attention core's forward and the memory-bound ops (apply_plan keeps only GEMM outputs). Each GEMM is timed at the chip efficiency matrix's fraction
+    2022) the attention core's forward and the memory-bound ops (apply_plan keeps only GEMM
+    outputs). Each GEMM is timed at the chip efficiency matrix's fraction
     of peak for its (m, n, k) (hal.core.chip_matrix), the attention core at the matrix's attention
     fraction, memory-bound work at the matrix's share of the memory bandwidth (ChipFacts.memory_bw).
   - activations: ModelConfig.activation_bytes(attention="fused") (REFERENCE.md without the s x s
