@@ -143,7 +143,9 @@ def matrix_from_table(chip: str, model: str, raw: Mapping[str, Any], sources: Ma
         vals[name] = float(item["value"])
         srcs[name] = sources[item["src"]] + (f"; at: {item['where']}" if item.get("where") else "") + \
             (f" ({item['note']})" if item.get("note") else "")
-    return ChipMatrix(chip=chip, model=model, sources=srcs, **vals)
+    return ChipMatrix(chip, model, vals["gemm_peak"], vals["gemm_half_dim"], vals["attention"], vals["memory"],
+                      vals["intra_link"], vals["nic_link"], vals["intra_latency_s"], vals["nic_latency_s"],
+                      vals["memory_reserve_bytes"], vals["memory_fragmentation"], sources=srcs)
 
 
 def gemm_shapes(tokens: float, hidden: int, ffn: int, q_dim: int, kv_dim: int, tp: int) -> Sequence[tuple]:

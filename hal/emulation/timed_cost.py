@@ -47,6 +47,9 @@ class Speeds(tuple):
     matrix that rates each op against the best (`matrix`, None: every op at the best rate) and the
     dtype's peak / scale (`peak_flops_per_s`, the MFU denominator). Unpacks as the three figures."""
 
+    matrix: Any
+    peak_flops_per_s: float
+
     def __new__(cls, flops_per_s: float, bytes_per_s: float, source: str, matrix: Any = None,
                 peak_flops_per_s: float = 0.0) -> "Speeds":
         self = super().__new__(cls, (flops_per_s, bytes_per_s, source))
@@ -187,6 +190,8 @@ def op_cost(flops: float, nbytes: float, speeds: Speeds) -> float:
 class TraceOp(tuple):
     """One recorded op: (op name, flops, bytes), unpacking as those three, with its matrix class
     (`op_shape`) as `.shape`, so a trace is priced for any chip's efficiency matrix."""
+
+    shape: Optional[tuple]
 
     def __new__(cls, op: str, flops: int, nbytes: int, shape: Optional[tuple] = None) -> "TraceOp":
         self = super().__new__(cls, (op, flops, nbytes))
