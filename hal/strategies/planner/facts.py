@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-# The chip figures the planner shares with timed emulation are defined once, in hal.emulation.timed_cost:
-# DEFAULT_EFFICIENCY (achieved / catalog peak FLOP/s), ASSUMED (figures the catalog lists as unknown)
-# and DEFAULT_MEMORY_BW, so a plan for emulated chips and the emulated chips agree by construction.
+# The chip figures the planner shares with timed emulation are defined once: the efficiency matrices
+# (hal.core.chip_matrix, catalog), and in hal.emulation.timed_cost ASSUMED (figures the catalog lists
+# as unknown) and DEFAULT_MEMORY_BW, so a plan for emulated chips and the emulated chips agree.
 from hal.emulation.timed_cost import ASSUMED, DEFAULT_MEMORY_BW  # noqa: E402
 from hal.core.chip_matrix import ChipMatrix  # noqa: E402
 
