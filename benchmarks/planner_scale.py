@@ -1,16 +1,17 @@
 """How the plan search scales: search time (wall and CPU) and plan quality for mixed clusters of
 64 to 8192 chips of three kinds (half H100, a quarter Ascend 910B2, a quarter Kunlun P800, 8 per
 node: the proportions of examples/clusters/three-vendor-1024.toml), for a 70B-class dense model
-and a MoE model. Prints a table; efficiency is the chosen plan's predicted tokens/s over the ideal
-(each sub-cluster planned alone on its batch share), next to the best Plan.even layout's. All
-figures are the cost model's predictions, not measured training.
+and a MoE model. Prints a table; efficiency is the chosen plan's (a), predicted tokens/s over the sum
+of each sub-cluster planned alone on the same global batch ("-" where a part cannot hold the model
+alone), and (b) over the upper bound, next to the best Plan.even layout's (a). All figures are the
+cost model's predictions, not measured training.
 
     python benchmarks/planner_scale.py [--sizes 64,256,1024,4096,8192] [--models llama-70b,moe-8x7b]
                                        [--repeats 3]
 
 Wall and CPU seconds are the median of --repeats searches (the machine is shared: wall time grows
 with load, CPU seconds much less); the plan and its figures are the same every repeat (the search is
-deterministic). "even" is the best Plan.even layout's tokens/s over the same ideal.
+deterministic). "even" is the best Plan.even layout's tokens/s over the same parts' sum.
 """
 from __future__ import annotations
 
@@ -70,8 +71,9 @@ def main() -> int:
                 continue
             wall, cpu = statistics.median(walls), statistics.median(cpus)
             ev = f"{res.even_efficiency:.1%}" if res.even_efficiency is not None else "none"
-            print(f"{name:10} {n:6} {batch:6} {wall:7.1f} {cpu:6.1f} {res.evaluated:6} {res.efficiency:10.1%} "
-                  f"{ev:>6}  {res.best.describe}", flush=True)
+            eff = f"{res.efficiency:.1%}" if res.efficiency is not None else "-"
+            print(f"{name:10} {n:6} {batch:6} {wall:7.1f} {cpu:6.1f} {res.evaluated:6} {eff:>10} "
+                  f"{ev:>6}  (b) {res.bound_efficiency:.1%}  {res.best.describe}", flush=True)
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     return 0
 
