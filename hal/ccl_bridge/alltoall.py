@@ -26,7 +26,11 @@ Per call, on every rank (sub-cluster c of n ranks, W ranks in the group):
         rank relays to d (its own first), by source; received blocks land in the output by source,
         in place where they are back to back. Each direction of the rail rides its own gloo group
         (the rail's group one way, its back group the other, `duplex`): one gloo pair does not run
-        both directions at link rate, two do (docs/performance.md, the test bed)
+        both directions at link rate, two do (docs/performance.md, the test bed). Host tensors
+        (emulated chips) go one message per block, sent from the input or the relay buffer and
+        received in place, all arrivals posted and this rank's own cross blocks sent before the
+        relay hand-off (0, 1b), its mates' blocks right after it; staged tensors (native chips)
+        are packed per peer through host staging.
 
 Cross bytes per rank: its relayed share, never the whole sub-cluster's (except a lone rank, which
 holds the whole sub-cluster); intra bytes: its intra pairs' blocks plus the blocks it hands to
@@ -151,12 +155,24 @@ def all_to_all_single(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_spli
     intra = _exchange(fx, fx.intra, out, [(inp, in_off[t], in_splits[t]) for t in mates],
                       [(s, out_off[s], out_splits[s]) for s in mates], [in_splits[t] for t in mates],
                       [out_splits[s] for s in mates], ("a2a", "intra"), False, inp.device)
+    own = {(me, d): (inp, in_off[d], in_splits[d]) for d in routes.own}
+    if fx.rails_back and not (fx.staged(out) or fx.staged(inp)):
+        # 2, one message per block (duplex): every arrival posted, this rank's own cross blocks sent
+        # at once, the blocks it relays for its mates once the hand-off (0, 1b) has brought them
+        faults.point("all_to_all.rail.cross")
+        works = duplex.post_block_recvs(fx, routes.rails, out, out_off, out_splits)
+        works += duplex.send_blocks(fx, routes.rails, own)
+        if relaying(topo)[c]:
+            relayed = _relay_exchange(fx, inp, in_splits, in_off, routes)
+            works += duplex.send_blocks(fx, routes.rails, {k: v for k, v in relayed.items() if k[0] != me})
+        Handle([intra, *works]).wait()
+        return
     if relaying(topo)[c]:
         relayed = _relay_exchange(fx, inp, in_splits, in_off, routes)
     else:  # every source is its own relay
         relayed = {(me, d): (inp, in_off[d], in_splits[d]) for d in routes.cross}
 
-    # 2. along each rail of this rank: relayed blocks to their destinations
+    # 2. along each rail of this rank: relayed blocks to their destinations (packed per peer)
     faults.point("all_to_all.rail.cross")
     handles = []
     for index, members in routes.rails:

@@ -14,6 +14,12 @@ so every TCP connection carries one direction only, and a rank's send to its rai
 receive from that peer run on different connections at once. Exact: the blocks are the same bytes
 `Ccl.all_to_all_single` would move (sends and receives through `Ccl.send`/`Ccl.recv`, which carry
 any dtype the gloo group lacks as bytes). Blocks of 0 elements are not sent.
+
+Two ways to use it: `all_to_all_single` (packed buffers per peer, the staged path of native chips)
+and, for host tensors, one message per (source, destination) block (`post_block_recvs`,
+`send_blocks`; the tag is the source's group rank): each block is sent from where it lies and
+received straight into its place in the output (no packing copies), and a rank's own cross
+blocks leave before the relay hand-off of its mates' blocks has finished.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore
 
 from .ccl import Ccl, Handle
-from .fabric import CPU
+from .fabric import CPU, Fabric
 from .topology import Rail
 
 
@@ -59,3 +65,44 @@ def all_to_all_single(fwd: Ccl, back: Ccl, out: torch.Tensor, inp: torch.Tensor,
             works.append((fwd if peer < me else back).recv(out[out_off[peer]:out_off[peer] + out_splits[peer]],
                                                            peer, 0))
     return Handle(works, stage=fwd._stage("all_to_all (one direction per group)"))
+
+
+Piece = tuple[torch.Tensor, int, int]  # (buffer, start, length): a block held on this rank
+
+
+def _group(fx: Fabric, rail_index: int, sender_pos: int, receiver_pos: int) -> Ccl:
+    return fx.rails[rail_index] if sender_pos < receiver_pos else fx.rails_back[rail_index]
+
+
+def post_block_recvs(fx: Fabric, rails, out: torch.Tensor, out_off: list[int], out_splits: list[int]) -> list[Handle]:
+    """Receive every cross block that arrives on this rank's rails straight into `out` (one message
+    per source, tag = source). `rails`: the routes' (rail index, per member (senders, arrivals))."""
+    works = []
+    for index, members in rails:
+        rail = fx.topo.rails[index]
+        me = rail.members.index(fx.rank)
+        for peer, (_, arrivals) in enumerate(members):
+            for s in arrivals:
+                if out_splits[s]:
+                    works.append(_group(fx, index, peer, me).recv(out[out_off[s]:out_off[s] + out_splits[s]], peer, s))
+    return works
+
+
+def send_blocks(fx: Fabric, rails, blocks: dict[tuple[int, int], Piece]) -> list[Handle]:
+    """Send the blocks in `blocks` ((source, destination) -> piece) that this rank carries along its
+    rails, each as its own message (tag = source); blocks not in `blocks` are sent by a later call."""
+    works = []
+    for index, members in rails:
+        rail = fx.topo.rails[index]
+        me = rail.members.index(fx.rank)
+        for peer, (senders, _) in enumerate(members):
+            for s in senders:
+                piece = blocks.get((s, rail.members[peer]))
+                if piece is None or not piece[2]:
+                    continue
+                buf, start, length = piece
+                fx.count("a2a_rail_elems", length)
+                if peer < me:
+                    fx.count("a2a_rail_back_elems", length)
+                works.append(_group(fx, index, me, peer).send(buf[start:start + length], peer, s))
+    return works
