@@ -27,6 +27,9 @@ The contract (`hal.contract`)
   `ValueError`s every `hal_create_process_group` owes its caller; returns (global ranks, group name).
 - Errors a plugin raises: `ChipUnavailableError` (no adapter, device or backend), `NotSupportedError`
   (a capability refused), `HalError` (their base).
+- Torch range: `TORCH_FLOOR` (the oldest torch the HAL supports, (2, 5)), `torch_problem(vendor, minimum,
+  below, source)` (one line saying why this torch is outside a vendor stack's range, or None: call it
+  in your probe), `parse_version`, and `TorchVersionError`.
 
 What hal offers plugins
 - Catalog (`hal/data/catalog/<chip>.toml`): `profile_for(chip, model, unknown_dtypes)` (the catalogued

@@ -14,7 +14,8 @@ from . import _C, npu
 from ._ops import npu_fusion_attention, npu_rms_norm, npu_rotary_mul, npu_swiglu
 from ._state import STATE
 
-__version__ = "2.13.0.stand-in"
+# torch_npu is built for exactly one torch (its version is that torch's): the stand-in pairs with the torch it runs on
+__version__ = torch.__version__.split("+")[0] + ".stand-in"
 __all__ = ["npu", "npu_fusion_attention", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu", "STATE", "_C"]
 
 if torch._C._get_privateuse1_backend_name() != "npu":
