@@ -100,7 +100,7 @@ TRAIN_CASES = [
     ([], {"cluster": f'spec = "{BIG}"'}, {}, ["rank 0 of 32", "not natively available", "HAL_EMULATE=cuda"]),
     ([], {"global_batch": 15}, {}, ["global_batch = 15", "4 replicas"]),
     ([], {"vocab": 0}, {}, ["vocab = 0"]),
-    ([], {"vocab": 128}, {}, ["model.overrides.vocab = 128", "byte-level data needs vocab = 256"]),
+    ([], {"vocab": 128}, {}, ["the model's vocab = 128", "tokenizer's vocab is 256 tokens", "set model.overrides.vocab >= 256"]),
     ([], {"data": 'source = "files"\npaths = ["no/such/dir"]'}, {}, ["data.paths", "no/such/dir"]),
     (["--plan", "/nonexistent/plan.toml"], {}, {}, ["plan.file", "/nonexistent/plan.toml"]),
     (["--run-dir", "/etc/hostname"], {}, {}, ["--run-dir /etc/hostname", "is a file"]),
