@@ -362,7 +362,8 @@ def _examples(mesh: HeteroMesh, s: int, cfg: Any, device) -> tuple[torch.Tensor,
 
 
 def _is_wrapped(m: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
+    from hal.contract.compat import fsdp
+    FSDPModule = fsdp().FSDPModule
     from torch.nn.parallel import DistributedDataParallel
     return isinstance(m, (DistributedDataParallel, FSDPModule))
 
@@ -428,7 +429,7 @@ def _apply_dp(mod: StageModule, zero: int, mesh: HeteroMesh, s: int, has_experts
     mp = {} if precision is None else {"mp_policy": precision.fsdp_policy(grid.all_ranks)}
     if not has_experts:
         return shard_fsdp2(mod, mod.blocks.values(), dmesh, zero=zero, sum_gradients=True, **mp)
-    from torch.distributed.fsdp import fully_shard
+    from hal.contract.compat import fully_shard
 
     from hal.strategies.expert_parallel import expert_params
     for block in mod.blocks.values():

@@ -90,7 +90,8 @@ class _DataParallelHooks:
     backward only."""
 
     def __init__(self, module: nn.Module) -> None:
-        from torch.distributed.fsdp import FSDPModule
+        from hal.contract.compat import fsdp
+        FSDPModule = fsdp().FSDPModule
         from torch.nn.parallel import DistributedDataParallel
         self.ddp = module if isinstance(module, DistributedDataParallel) else None
         self.fsdp = module if isinstance(module, FSDPModule) else None

@@ -103,7 +103,8 @@ class Precision:
     def fsdp_policy(self, ranks: Iterable[int]):
         """FSDP2's MixedPrecisionPolicy for a DP group: 16-bit all-gather when the group agrees, float32
         gradient reduce-scatter always."""
-        from torch.distributed.fsdp import MixedPrecisionPolicy
+        from hal.contract.compat import fsdp
+        MixedPrecisionPolicy = fsdp().MixedPrecisionPolicy
         return MixedPrecisionPolicy(param_dtype=self.group_dtype(ranks), reduce_dtype=torch.float32)
 
     def describe(self) -> str:

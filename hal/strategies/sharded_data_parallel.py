@@ -18,7 +18,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from hal.contract.compat import fsdp as _fsdp
+
+# torch.distributed.fsdp from torch 2.6, torch.distributed._composable.fsdp in 2.5 (hal.contract.compat)
+FSDPModule, MixedPrecisionPolicy, fully_shard = _fsdp().FSDPModule, _fsdp().MixedPrecisionPolicy, _fsdp().fully_shard
 
 
 def mesh_from_group(group: Optional[dist.ProcessGroup] = None, device_type: str = "cpu") -> DeviceMesh:
