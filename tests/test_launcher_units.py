@@ -93,6 +93,39 @@ def test_flags_and_cluster_nodes_give_the_node():
         nodes.ranks_on_node(3, nodes.resolve(2, 0, "h", [], {}))
 
 
+def test_each_node_checks_only_its_own_ranks_native_chips(tmp_path):
+    """A native mixed cluster: node 0 holds a native cpu rank, node 1 a native cuda rank (absent here).
+    Node 0's pre-launch check passes (rank 1 is node 1's to check); node 1's names its own rank 1; one
+    node checking every rank refuses, as a single-machine launch must."""
+    from hal.launch.check import plan_ranks
+    spec = tmp_path / "native-mixed.toml"
+    spec.write_text('name = "native-mixed"\n' + "".join(
+        f'[[sub_clusters]]\nname = "{c}"\nchip = "{c}"\nnodes = 1\nranks_per_node = 1\nemulate = false\n'
+        for c in ("cpu", "cuda")))
+    env = {"HAL_CLUSTER": str(spec)}
+
+    def on(rank: int):
+        return plan_ranks(None, None, env, lambda n: "", local_ranks=nodes.local_ranks_of(
+            nodes.resolve(2, rank, "h0:29400", [], {})))
+    world, _, _, chips = on(0)
+    assert (world, chips) == (2, [("cpu", False), ("cuda", False)])
+    with pytest.raises(LaunchError, match=r"rank 1 of 2: chip 'cuda' .* not natively available"):
+        on(1)
+    with pytest.raises(LaunchError, match=r"rank 1 of 2: chip 'cuda'"):
+        plan_ranks(None, None, env, lambda n: "")
+    assert list(nodes.node_ranks(5, nodes.resolve(2, 1, "h", [], {}), _Spec([0, 0, 0, 1, 1]))) == [3, 4]
+
+
+class _Spec:
+    """A cluster spec's node per rank, all `node_ranks` reads of one."""
+
+    def __init__(self, node_of: list[int]):
+        self.node_of, self.num_nodes = node_of, max(node_of) + 1
+
+    def assignment(self, rank: int):
+        return type("A", (), {"node": self.node_of[rank]})
+
+
 def test_a_bad_input_on_one_node_stops_every_node_with_its_line():
     port = free_port()
     problems = {0: None, 1: "data.paths = '/x': no such file"}

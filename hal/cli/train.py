@@ -61,12 +61,14 @@ def check_train_extra() -> None:
                           f"hal train needs the [train] extra: pip install 'hetero-hal[train]'")
 
 
-def plan(cfg, args: argparse.Namespace, environ: dict) -> tuple:
+def plan(cfg, args: argparse.Namespace, environ: dict, node=None) -> tuple:
     """(ranks to start, env for the ranks, how the chips were chosen, (chip, emulated) per rank), with
     the config's chips, the chip environment, its files, its Plan and the run's folders checked
     before torchrun starts (hal.launch.check: the launching commands' one validation pass). A
-    problem is a LaunchError / TrainConfigError naming the config field, flag or variable and value."""
+    problem is a LaunchError / TrainConfigError naming the config field, flag or variable and value.
+    On one node of several (`node`), native chips are checked here only for that node's own ranks."""
     from hal.launch.check import LaunchError, check_int, check_output_dir, plan_ranks
+    from hal.launch.nodes import local_ranks_of
     from hal.core.topology import Topology
 
     from hal.trainer.config import TrainConfigError
@@ -83,7 +85,8 @@ def plan(cfg, args: argparse.Namespace, environ: dict) -> tuple:
                           f"or cluster.spec in the config, or HAL_EMULATE / HAL_CLUSTER in the environment")
     nproc, env, source, chips = plan_ranks(
         None, emulate, env, no_cluster, emulate_label=emulate_label, cluster_label=cluster_label,
-        nproc_hint="give counts (cluster.emulate = 'cuda:2,ascend:2') or a cluster.spec in the config")
+        nproc_hint="give counts (cluster.emulate = 'cuda:2,ascend:2') or a cluster.spec in the config",
+        local_ranks=local_ranks_of(node) if node is not None and node.multi else None)
     for p in cfg.data.paths if cfg.data.source == "files" else ():
         if not cfg.resolve(p).exists():
             raise TrainConfigError("data.paths", p, f"no such file or folder ({cfg.resolve(p)})")
@@ -160,21 +163,17 @@ def _prelaunch(cfg, args: argparse.Namespace):
     node's result agreed (a problem on one stops all with its line). None: the run is finished already.
     Returns (node, ranks on this node, env, chips source, chips, the held lock or None)."""
     from hal.contract.errors import HalError
-    from hal.launch.nodes import agree, ranks_on_node, resolve
+    from hal.launch.nodes import agree, local_ranks_of, resolve
     from hal.launch.runlock import RunLock
     node = resolve(getattr(args, "nnodes", None), getattr(args, "node_rank", None),
                    getattr(args, "rdzv_endpoint", None), cfg.cluster.nodes, os.environ)
     problem, lock, launch = None, None, None
     try:
-        nproc, env, source, chips = plan(cfg, args, os.environ)
+        nproc, env, source, chips = plan(cfg, args, os.environ, node)
         if node.multi and getattr(args, "measure_parts", False):
             from hal.launch.check import LaunchError
             raise LaunchError(f"--measure-parts runs on one node; this job has {node.nnodes} ({node.source})")
-        spec = None
-        if node.multi and env.get("HAL_CLUSTER") and not env.get("HAL_EMULATE"):
-            from hal.core.cluster import load_cluster_spec
-            spec = load_cluster_spec(env["HAL_CLUSTER"])
-        local = ranks_on_node(nproc, node, spec)
+        local = len(local_ranks_of(node)(nproc, env))
         if node.node_rank == 0:
             lock = RunLock(cfg.run_dir).acquire()  # one job per run folder, held for the job's life
         launch = (node, local, env, source, chips, lock)

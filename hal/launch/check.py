@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 from hal import envs
 from hal.contract.errors import HalError
@@ -143,9 +143,12 @@ def check_emulate_map(where: str, text: str, environ: Optional[dict] = None) -> 
 def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: Mapping[str, str],
                default_emulate: Callable[[Optional[int]], str], min_ranks: int = 1,
                emulate_label: Optional[str] = None, cluster_label: Optional[str] = None,
-               nproc_hint: str = "pass --nproc N", nproc_label: str = "--nproc") -> tuple:
+               nproc_hint: str = "pass --nproc N", nproc_label: str = "--nproc",
+               local_ranks: Optional[Callable[[int, dict], Sequence[int]]] = None) -> tuple:
     """(ranks to start, env for the ranks, how the chips were chosen, (chip, emulated) of every rank),
-    everything checked.
+    everything checked. Every rank's chip is resolved; a native chip is checked against this machine
+    only for the ranks this machine starts: `local_ranks(world, env)` (one node of a multi-node launch,
+    `hal.launch.nodes.local_ranks_of`), else every rank.
 
     `emulate` is the `--emulate` flag (it overrides `HAL_EMULATE`; "none" drops it); with neither it
     nor a chip variable set, `default_emulate(nproc)` gives the map. `emulate_label` / `cluster_label`
@@ -203,11 +206,13 @@ def plan_ranks(nproc: Optional[int], emulate: Optional[str], environ: Mapping[st
     if world is None:
         raise LaunchError(f"cannot tell how many ranks to start from {source}; {nproc_hint}")
     check_int("ranks to start" if nproc is None else nproc_label, world, max(1, min_ranks), MAX_LOCAL_RANKS)
-    return world, env, source, _check_each_rank(pm, env, world)
+    local = set(range(world) if local_ranks is None else local_ranks(world, env))
+    return world, env, source, _check_each_rank(pm, env, world, local)
 
 
-def _check_each_rank(pm, env: dict, world: int) -> list[tuple[str, bool]]:
-    """Resolve every rank's chip exactly as the rank will (hal.core.selection.select_chip)."""
+def _check_each_rank(pm, env: dict, world: int, local: set) -> list[tuple[str, bool]]:
+    """Resolve every rank's chip exactly as the rank will (hal.core.selection.select_chip); a native chip
+    must be available here only for the ranks in `local` (those this machine starts)."""
     from hal.core.selection import select_chip
     chips = []
     for rank in range(world):
@@ -216,7 +221,7 @@ def _check_each_rank(pm, env: dict, world: int) -> list[tuple[str, bool]]:
             sel = select_chip(pm, env=renv)
         except HalError as exc:
             raise LaunchError(f"rank {rank} of {world}: {type(exc).__name__}: {exc}") from None
-        if not sel.emulated and not pm.native_available(sel.chip):
+        if not sel.emulated and rank in local and not pm.native_available(sel.chip):
             raise LaunchError(f"rank {rank} of {world}: chip {sel.chip!r} ({sel.reason}) is not natively "
                               f"available on this machine; to run it emulated set HAL_EMULATE={sel.chip}")
         chips.append((sel.chip, sel.emulated))

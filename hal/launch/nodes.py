@@ -145,12 +145,36 @@ def resolve(nnodes: Optional[int], node_rank: Optional[int], endpoint: Optional[
 
 def ranks_on_node(world: int, node: NodeLaunch, cluster_spec=None) -> int:
     """Ranks node `node.node_rank` starts: a cluster spec's count for that node, else world / nnodes."""
+    return len(node_ranks(world, node, cluster_spec))
+
+
+def node_ranks(world: int, node: NodeLaunch, cluster_spec=None) -> range:
+    """The global ranks node `node.node_rank` starts, as torchrun's static rendezvous numbers them: the
+    ranks after those of nodes 0..R-1, as many as the cluster spec puts on node R (when its node count is
+    the job's), else world / nnodes (LaunchError when that does not divide)."""
     if cluster_spec is not None and cluster_spec.num_nodes == node.nnodes:
-        return sum(1 for r in range(world) if cluster_spec.assignment(r).node == node.node_rank)
+        count = [0] * node.nnodes
+        for r in range(world):
+            count[cluster_spec.assignment(r).node] += 1
+        first = sum(count[:node.node_rank])
+        return range(first, first + count[node.node_rank])
     if world % node.nnodes:
         raise LaunchError(f"{world} ranks do not split evenly over {node.nnodes} nodes ({node.source}); give "
                           f"a cluster spec (cluster.spec) whose nodes say how many ranks each holds")
-    return world // node.nnodes
+    per = world // node.nnodes
+    return range(node.node_rank * per, (node.node_rank + 1) * per)
+
+
+def local_ranks_of(node: NodeLaunch):
+    """For `hal.launch.check.plan_ranks(local_ranks=...)`: (world, env) -> the ranks this node starts
+    (a cluster spec in env's HAL_CLUSTER gives the per-node counts unless HAL_EMULATE maps the chips)."""
+    def local(world: int, env: Mapping[str, str]) -> range:
+        spec = None
+        if env.get("HAL_CLUSTER") and not env.get("HAL_EMULATE"):
+            from hal.core.cluster import load_cluster_spec
+            spec = load_cluster_spec(env["HAL_CLUSTER"])
+        return node_ranks(world, node, spec)
+    return local
 
 
 # ---- the nodes' agreement before launch ------------------------------------------------------------
