@@ -101,6 +101,14 @@ def test_spec_memory_per_sub_cluster_replaces_the_catalog(tmp_path):
     small, big = cluster_facts(topo)
     assert small.capacity == 32e9 and small.sources["memory"].startswith("cluster spec")
     assert big.capacity == 64e9 and small.memory == pytest.approx(32e9 * 0.95 - 2e9)
+    # the memory check before launch (and plan auto, through the same cluster_facts) holds each rank to
+    # its sub-cluster's spec memory, not the catalog's 64 GB
+    from hal.strategies.plan import Plan
+    from hal.trainer.memory_fit import memory_per_rank
+    ranks, by_name = memory_per_rank(Plan.even(topo, SMALL, 16), topo, SMALL, "bf16")
+    caps = {r.sub_cluster: r.capacity_bytes for r in ranks}
+    assert caps == {"small": pytest.approx(small.memory), "big": pytest.approx(big.memory)}
+    assert by_name["small"].sources["memory"].startswith("cluster spec")
     assert parse_cluster_spec(_spec_text(("x", "cuda", "H100", 1, 8, "memory = 96e9"))).sub_clusters[0].memory == 96e9
     with pytest.raises(ClusterSpecError, match="memory"):
         parse_cluster_spec(_spec_text(("x", "cuda", "H100", 1, 8, 'memory = "lots"')))

@@ -43,7 +43,7 @@ def auto_plan(cfg, topo, model_cfg, link: Optional[tuple[float, float]]):
     """The planner's best layout (cost model + simulator); `link` given = timed emulation's figures."""
     from hal.strategies.planner.convert import to_plan
     from hal.strategies.planner.cost import ModelFacts
-    from hal.strategies.planner.facts import chip_facts, emulated_chip_facts, load_matrices
+    from hal.strategies.planner.facts import cluster_facts, emulated_chip_facts, load_matrices
     from hal.strategies.planner.plan_search import search
     node_of = {r: topo.node_of(r) for r in range(topo.world_size)}
     if timed_on():
@@ -55,7 +55,6 @@ def auto_plan(cfg, topo, model_cfg, link: Optional[tuple[float, float]]):
         result = search(facts, ModelFacts(model_cfg, dtype_bytes=dtype_bytes), cfg.global_batch, node_of=node_of,
                         max_pp=cfg.plan.max_pp)
     else:
-        matrices = load_matrices(None)
-        facts = [chip_facts(sc, matrices) for sc in topo.sub_clusters]
+        facts = cluster_facts(topo, load_matrices(None))     # the spec's per-sub-cluster memory, as hal plan
         result = search(facts, ModelFacts(model_cfg), cfg.global_batch, node_of=node_of, max_pp=cfg.plan.max_pp)
     return to_plan(result.best.layout, model_cfg.name, "1F1B")

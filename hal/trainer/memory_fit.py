@@ -5,7 +5,8 @@ torchrun starts (hal/cli/train.py calls hal.trainer.trainer.make_plan) and again
 
 A plan that does not fit is a `PlanMemoryError` listing each rank over its chip's memory: rank, chip and
 model, bytes needed and usable bytes in GiB (the capacity the planner uses, hal.strategies.planner.facts:
-the catalog profile's memory, or its stated default, less the planner's headroom). Emulated chips are held
+the cluster spec's `memory` of the sub-cluster, else the catalog profile's memory or its stated default,
+less the planner's headroom). Emulated chips are held
 to the memory of the chip they emulate (their tensors live in this host's RAM, which is not checked here);
 activations are priced at the bytes of the run's `[train] precision` (4 for fp32, 2 for bf16/fp16; master
 weights, gradients and AdamW state are the planner's mixed-precision 16 bytes per parameter either way).
@@ -30,10 +31,10 @@ def memory_per_rank(plan: Any, topo: Any, model_cfg: Any, precision: str = "fp32
     from hal.strategies.precision import activation_bytes, facts_dtype
     from hal.strategies.planner.convert import from_plan
     from hal.strategies.planner.cost import ModelFacts
-    from hal.strategies.planner.facts import chip_facts, load_matrices
+    from hal.strategies.planner.facts import cluster_facts, load_matrices
     from hal.strategies.planner.simulate import simulate
-    matrices = load_matrices(None)
-    facts = [chip_facts(sc, matrices, dtype=facts_dtype(sc.chip, sc.model)) for sc in topo.sub_clusters]
+    # the cluster spec's `memory` per sub-cluster where it states one (cluster_facts), else the catalog's
+    facts = cluster_facts(topo, load_matrices(None), dtype=lambda sc: facts_dtype(sc.chip, sc.model))
     node_of = {r: topo.node_of(r) for r in range(topo.world_size)}
     sim = simulate(from_plan(plan, facts, node_of), ModelFacts(model_cfg, dtype_bytes=activation_bytes(precision)))
     return sim.ranks, {f.name: f for f in facts}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Union
 
 # The chip figures the planner shares with timed emulation are defined once: the efficiency matrices
 # (hal.core.chip_matrix, catalog), and in hal.emulation.timed_cost ASSUMED (figures the catalog lists
@@ -212,10 +212,14 @@ def spec_memory(topo) -> dict[str, float]:
     return {s.name: s.memory for s in load_cluster_spec(src).sub_clusters if s.memory is not None}
 
 
-def cluster_facts(topo, matrices: Optional[dict] = None, dtype: str = "bfloat16") -> list[ChipFacts]:
-    """Every sub-cluster's figures, with the spec's memory per sub-cluster and the rails priced."""
+def cluster_facts(topo, matrices: Optional[dict] = None, dtype: Union[str, Callable[[Any], str]] = "bfloat16") \
+        -> list[ChipFacts]:
+    """Every sub-cluster's figures, with the spec's memory per sub-cluster and the rails priced: the one
+    way `hal plan`, plan auto (hal.trainer.autoplan) and the memory check (hal.trainer.memory_fit) read
+    a cluster. `dtype`: one dtype for all, or a function of the sub-cluster (a 910A has no bfloat16)."""
     mem = spec_memory(topo)
-    return with_rails([chip_facts(sc, matrices, dtype, memory=mem.get(sc.name)) for sc in topo.sub_clusters], topo)
+    return with_rails([chip_facts(sc, matrices, dtype if isinstance(dtype, str) else dtype(sc), memory=mem.get(sc.name))
+                       for sc in topo.sub_clusters], topo)
 
 
 def with_rails(facts: list[ChipFacts], topo) -> list[ChipFacts]:
@@ -242,7 +246,7 @@ def emulated_chip_facts(topo, scale: float, link_bw: float, link_latency: float,
     chip's; every link is the host's CPU fabric (the real one, not emulated), given as `link_bw`
     bytes/s and `link_latency` s per message, measured by the caller (e.g. a send/recv probe:
     benchmarks/planner_prediction.py). The bridge's host staging is a copy on the host: priced on
-    the same link figures. Memory capacity is the catalog's (nothing here is short of memory).
+    the same link figures. Memory capacity is the cluster spec's `memory`, else the catalog's.
     `dtype`: the dtype the clock charges FLOPs at (HAL_EMULATE_TIMED_DTYPE, default bfloat16);
     `matrices` (`load_matrices`): measured efficiency matrices, as HAL_EMULATE_TIMED_MATRIX gives the
     clock, so both sides use the same figures."""
@@ -253,14 +257,17 @@ def emulated_chip_facts(topo, scale: float, link_bw: float, link_latency: float,
         raise ValueError(f"emulated_chip_facts: link_bw = {link_bw} must be > 0 and link_latency = "
                          f"{link_latency} >= 0")
     out = []
+    spec_mem = spec_memory(topo)
     for sc in topo.sub_clusters:
         mx = (matrices or {}).get(str(sc.model)) or (matrices or {}).get(sc.chip) or (None, "")
         flops, bps, why = timed.chip_speeds(sc.chip, dtype, scale, model=sc.model, matrix=mx[0])
         prof = _catalog_profile(sc.chip, sc.model)
         mem = prof.memory_bytes.value if prof is not None and prof.memory_bytes.value else DEFAULT_MEMORY[0]
+        mem = spec_mem.get(sc.name, mem)
         link = f"{link_source}: CPU fabric (timed emulation does not emulate links)"
         src = {"flops": f"timed emulation: {why}", "memory_bw": f"timed emulation: {why}",
-               "memory": f"catalog {prof.model}" if prof is not None and prof.memory_bytes.value else DEFAULT_MEMORY[1],
+               "memory": "cluster spec" if sc.name in spec_mem else f"catalog {prof.model}"
+               if prof is not None and prof.memory_bytes.value else DEFAULT_MEMORY[1],
                "intra_bw": link, "nic_bw": link, "host_copy_bw": link,
                "link_latency": f"{link_source}: {link_latency * 1e6:.0f} us per message"}
         sp = timed.chip_speeds(sc.chip, dtype, scale, model=sc.model, matrix=mx[0])
