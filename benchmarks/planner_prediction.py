@@ -265,7 +265,8 @@ def main(argv=None) -> int:
         world = sum(int(x.split(":")[1]) for x in emap.split(","))
         env = {"HAL_EMULATE": emap, "OMP_NUM_THREADS": "1"}
         if timed_on:
-            env.update({"HAL_EMULATE_TIMED": "1", "HAL_EMULATE_TIME_SCALE": repr(scale)})
+            env.update({"HAL_EMULATE_TIMED": "1", "HAL_EMULATE_TIME_SCALE": repr(scale),
+                        "HAL_EMULATE_TIMED_DTYPE": CHARGE_DTYPE})  # every op at the dtype the planner prices
         with WorkerPool(world, env=env) as pool:
             info = pool.run(w_init, args.backend, timeout=180)
             assert all(i["emulated"] for i in info), info

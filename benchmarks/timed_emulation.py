@@ -170,6 +170,7 @@ def _env(mode: str, emap: str, scale) -> dict:
     env = {"HAL_EMULATE": emap, "OMP_NUM_THREADS": "1"}
     if mode == "timed":
         env["HAL_EMULATE_TIMED"] = "1"
+        env["HAL_EMULATE_TIMED_DTYPE"] = "bfloat16"  # its float32 ops at bf16 (910B2, P800: no fp32 figure)
         if scale:
             env["HAL_EMULATE_TIME_SCALE"] = repr(scale)
     elif mode == "dilation":

@@ -51,6 +51,7 @@ warmup_steps = 2
 emulate = "{emulate}"
 timed = true
 time_scale = {scale}
+timed_dtype = "bfloat16"
 
 [plan]
 source = "auto"

@@ -213,8 +213,10 @@ HAL_EMULATE_TIME_SCALE: EnvVar[float] = _declare(EnvVar(
     "chip runs (so the host keeps up)", _float, default_text="300000",
     check=(_positive, "must be a finite number > 0")))
 HAL_EMULATE_TIMED_DTYPE: EnvVar[str] = _declare(EnvVar(
-    "HAL_EMULATE_TIMED_DTYPE", "dtype", "bfloat16", "the dtype timed emulation charges every op at "
-    "(a key of the profile's peak FLOP/s)", _str))
+    "HAL_EMULATE_TIMED_DTYPE", "dtype map", "", "timed emulation charges each op at the rate of the dtype it "
+    "computes in; this re-maps explicitly: `FROM=TO` (e.g. float32=tf32), `DTYPE` (every op at it), each "
+    "optionally `CHIP:` scoped, comma-separated (hal.emulation.timed_cost.charge_plan)", _str,
+    default_text="(each op's own dtype)"))
 HAL_EMULATE_TIMED_MATRIX: EnvVar[str] = _declare(EnvVar(
     "HAL_EMULATE_TIMED_MATRIX", "path", "", "measured efficiency matrices (a JSON file or a directory of "
     "them) timed emulation charges at instead of peak", _str))

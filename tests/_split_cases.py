@@ -12,10 +12,12 @@ from hal.trainer.loop import train
 
 def run_timed(config: dict, scale: str) -> dict:
     os.environ["HAL_EMULATE_TIMED"], os.environ["HAL_EMULATE_TIME_SCALE"] = "1", scale
+    os.environ["HAL_EMULATE_TIMED_DTYPE"] = "bfloat16"  # float32 ops at bf16: the 910B2 / P800 have no fp32 figure
     try:
         return train(TrainConfig(**config))
     finally:
         os.environ.pop("HAL_EMULATE_TIMED", None)
         os.environ.pop("HAL_EMULATE_TIME_SCALE", None)
+        os.environ.pop("HAL_EMULATE_TIMED_DTYPE", None)
         from hal.emulation import timed
         timed.uninstall()

@@ -36,6 +36,7 @@ warmup_steps = 2
 emulate = "cuda:2,ascend:2"
 timed = true
 time_scale = 5e4
+timed_dtype = "bfloat16"
 [plan]
 source = "even"
 [checkpoint]

@@ -1,4 +1,5 @@
-"""Timed emulation (hal.emulation.timed): what an op is charged, the two chips' ratio, backward charged, sync and
+"""Timed emulation (hal.emulation.timed): what an op is charged (at its own dtype's rate), the two chips' ratio,
+backward charged, sync and
 overrun on an injected fake clock (nothing here sleeps or reads wall time), env errors, binding, and
 one 2-rank run where collectives pass through the clock."""
 from __future__ import annotations
@@ -138,7 +139,7 @@ def test_charged_op_times_follow_the_matrix():
     assert clock.stats()["busy_s"] / (flops / (peak * mx.attention)) == pytest.approx(1.0, abs=0.02)
 
 
-def test_two_chips_virtual_times_are_in_their_profile_ratio():
+def test_two_chips_virtual_times_are_in_their_profile_ratio_and_the_same_torch_ops_keep_it():
     cuda, ascend = chip_speeds("cuda", "bfloat16", 1e4), chip_speeds("ascend", "bfloat16", 1e4)
     ops = [(2 * 64 * 64 * 64, 3 * 64 * 64 * 4), (0, 4e6), (5e12, 1e3), (1e9, 1e9)]
     clocks = {}
@@ -156,19 +157,46 @@ def test_two_chips_virtual_times_are_in_their_profile_ratio():
     c.charge(5e12, 0)
     best = {c: catalog.default(c).peak("bfloat16") * catalog.matrix(c).best_fraction for c in ("cuda", "ascend")}
     assert a.stats()["busy_s"] / c.stats()["busy_s"] == pytest.approx(best["cuda"] / best["ascend"])
-
-
-def test_same_torch_ops_on_two_chips_keep_the_ratio():
-    cuda, ascend = chip_speeds("cuda", "bfloat16", 1e4), chip_speeds("ascend", "bfloat16", 1e4)
+    # the same torch ops (bfloat16: the 910B2 has no float32 figure) on both chips
     busy = {}
     for name, sp in (("cuda", cuda), ("ascend", ascend)):
-        x, w = torch.randn(16, 32, requires_grad=True), torch.randn(32, 64, requires_grad=True)
+        x = torch.randn(16, 32, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
         clock, _ = _clock(sp, name)
         with timed.timed(clock):
             (x @ w).relu().sum().backward()
         busy[name] = clock.stats()
     assert busy["cuda"]["flops"] == pytest.approx(busy["ascend"]["flops"]) and busy["cuda"]["bytes"] == busy["ascend"]["bytes"]
     assert busy["ascend"]["busy_s"] > busy["cuda"]["busy_s"]
+
+
+def test_each_op_is_charged_at_the_rate_of_its_own_dtype():
+    """A bf16, an fp16 and an fp32 matmul of one shape on one emulated H100 are charged in the ratio of the
+    catalog matrix's rates (peak(dtype) x best fraction; within 2%); an op in a dtype the chip has no figure
+    for is refused naming chip, op and dtype; HAL_EMULATE_TIMED_DTYPE's re-mapping is explicit."""
+    sp = chip_speeds("cuda", None, 1e4)
+    mx, h100 = catalog.matrix("cuda", "H100"), catalog.default("cuda")
+    busy = {}
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        clock, _ = _clock(sp, "cuda")
+        a, b = torch.ones(512, 512, dtype=dt), torch.ones(512, 512, dtype=dt)  # compute-bound on the clock
+        with timed.timed(clock):
+            a @ b
+        busy[str(dt)[6:]] = clock.stats()["busy_s"]
+    assert sp.dtype == "bfloat16" and sp.rates["float32"] == pytest.approx(h100.peak("float32") * mx.best_fraction / 1e4)
+    assert busy["float32"] / busy["bfloat16"] == pytest.approx(h100.peak("bfloat16") / h100.peak("float32"), rel=0.02)
+    assert busy["float16"] / busy["bfloat16"] == pytest.approx(h100.peak("bfloat16") / h100.peak("float16"), rel=0.02)
+    x = torch.ones(64, 64)
+    clock, _ = _clock(chip_speeds(catalog.default("ascend"), None, 1e4), "ascend")
+    with pytest.raises(TimedEmulationError, match=r"chip 'ascend \(.*910B2\)': op 'mm' computes in float32"):
+        with timed.timed(clock):
+            x @ x
+    forced, remap = timed.charge_plan("cuda:float16, ascend:float32=bfloat16", "ascend", "Huawei Ascend 910B2")
+    assert (forced, remap) == (None, {"float32": "bfloat16"})
+    ascend = chip_speeds("ascend", None, 1e4, charge_as=remap)
+    assert ascend.flops_for("float32", "mm") == ascend.rates["bfloat16"] and "float32->bfloat16" in ascend.source
+    with pytest.raises(TimedEmulationError, match="no FLOP/s figure for"):
+        chip_speeds("ascend", None, 1e4, charge_as={"float16": "float32"})
 
 
 def test_unknown_figures_are_named_not_invented():
@@ -317,7 +345,7 @@ def test_binding_with_timed_installs_the_clock(rebind):
     clock._mark(ft.t)
     start = acc.Event(enable_timing=True)
     start.record()
-    torch.randn(64, 64) @ torch.randn(64, 64)  # charged: the mode is on for this thread
+    torch.ones(64, 64, dtype=torch.bfloat16) @ torch.ones(64, 64, dtype=torch.bfloat16)  # charged: the mode is on
     end = acc.Event(enable_timing=True)
     end.record()
     assert clock.stats()["flops"] >= 2 * 64 ** 3
@@ -361,7 +389,7 @@ def rank_case() -> dict:
 def test_two_ranks_collectives_synchronise_and_backward_under_ddp_is_charged():
     from hal.testing import WorkerPool
     env = {"HAL_EMULATE": "cuda:1,ascend:1", "HAL_EMULATE_TIMED": "1", "HAL_EMULATE_TIME_SCALE": "1e7",
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "HAL_EMULATE_TIMED_DTYPE": "bfloat16"}  # float32 ops at bf16: forced, explicit
     with WorkerPool(2, env=env) as pool:
         res = pool.run(rank_case, timeout=120)
     assert [r["chip"] for r in res] == ["cuda", "ascend"]
@@ -375,9 +403,10 @@ def test_two_ranks_collectives_synchronise_and_backward_under_ddp_is_charged():
 
 
 def test_a_recorded_trace_is_priced_as_the_clock_charges():
-    x, w = torch.randn(8, 16, requires_grad=True), torch.randn(16, 4, requires_grad=True)
+    x = torch.randn(8, 16, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(16, 4, dtype=torch.bfloat16, requires_grad=True)
     trace = timed.record_ops(lambda: (x @ w).relu().sum().backward())
-    assert [op for op, _, _ in trace if op == "mm"] == ["mm"] * 3
+    assert [(op, o.dtype) for o in trace for op, _, _ in [o] if op == "mm"] == [("mm", "bfloat16")] * 3
     sp = chip_speeds("ascend", "bfloat16", 1e4)
     x.grad = w.grad = None
     clock, _ = _clock(sp)

@@ -5,10 +5,11 @@ here: `hal.emulation.timed.chip_speeds`, `op_cost`, `charged_flops`, `trace_cost
 
 Every aten op a process runs on its (emulated) chip is charged to a per-process `VirtualClock`:
 
-    cost(op) = max(flops(op) x r(op) / F, bytes(op) / B)        F, B = chip_speeds(chip, dtype, scale)
+    cost(op) = max(flops(op) x r(op) / F(dtype(op)), bytes(op) / B)      F, B = chip_speeds(chip, ., scale)
 
-    F = the chip's best sustained FLOP/s / scale = peak(dtype) x the best fraction of its efficiency
-        matrix (hal.core.chip_matrix: catalog defaults) or the best measured matmul FLOP/s
+    F(d) = the chip's best sustained FLOP/s in dtype d / scale = peak(d) x the best fraction of its
+        efficiency matrix (hal.core.chip_matrix: catalog defaults) or the best measured d matmul FLOP/s;
+        d = dtype(op), the dtype the op computes in (its first floating-point operand's)
     r = best fraction / the op's fraction in the matrix (a GEMM's by its (m, n, k), fused attention's;
         1 for other ops): `timed_cost.rate_factor`
     B = memory bytes/s / scale  = catalog memory bandwidth x the matrix's memory fraction (else an
@@ -20,10 +21,14 @@ torch's table lacks); every other op counts 0 FLOPs (elementwise work is charged
 bytes(op): the sum of the nbytes of its tensor inputs and outputs as the host runs them (a float32
 tensor counts 4 bytes an element): an approximation of its memory traffic (no cache reuse, a
 broadcast input counted once, an in-place output counted again). Views, metadata queries and bare
-allocations (empty, empty_strided) cost nothing. Every op is charged at ONE compute dtype, the
-clock's `dtype` (default "bfloat16", the dtype a real run trains in; the host computes in whatever
-the model uses): charging each op at its own dtype would compare a float32 CUDA-core peak with a
-chip whose float32 peak is unpublished.
+allocations (empty, empty_strided) cost nothing. Each op's FLOPs are charged at the rate of the dtype it
+computes in on the host (a bfloat16 matmul under autocast at the chip's bfloat16 rate, a float32 one at its
+float32 rate: an H100's non-tensor FP32, 67 TFLOP/s); bytes are its tensors' real sizes. A chip with no
+figure for an op's dtype (the catalog lists the 910B2's float32 peak as unknown) is a TimedEmulationError
+naming chip, op and dtype, not a guess; `HAL_EMULATE_TIMED_DTYPE` re-maps dtypes explicitly
+(`timed_cost.charge_plan`: `float32=tf32`, `ascend:float32=bfloat16`, or one `DTYPE` for every op), and the
+clock's source names the re-mapping. The clock's `dtype` is the reference dtype (`Speeds.dtype`: bfloat16,
+else the first the chip has) that `flops_per_s` and the MFU peak are given in.
 
 Device-stream semantics. Between synchronisation points the host is taken as infinitely fast:
 `device_t += cost` per op, whatever the host's own pace. Hard synchronisation (`clock.sync()`,
@@ -56,8 +61,8 @@ time. The dispatch mode is thread-local: it charges ops of the thread that insta
 thread: the training loop, autograd's CPU backward, DDP's hooks); ops on other threads are free.
 
 Turned on for an emulated chip by `HAL_EMULATE_TIMED=1` (hal.core.selection installs it at binding), with
-`HAL_EMULATE_TIME_SCALE` (default DEFAULT_TIME_SCALE), `HAL_EMULATE_TIMED_DTYPE` (default bfloat16)
-and `HAL_EMULATE_TIMED_MATRIX` (an efficiency-matrix JSON file or a directory of them). Exclusive
+`HAL_EMULATE_TIME_SCALE` (default DEFAULT_TIME_SCALE), `HAL_EMULATE_TIMED_DTYPE` (default: each op at
+its own dtype) and `HAL_EMULATE_TIMED_MATRIX` (an efficiency-matrix JSON file or a directory of them). Exclusive
 with `HAL_EMULATE_DILATION`.
 """
 from __future__ import annotations
@@ -75,10 +80,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hal import envs
-from hal.contract.chips import DTYPE_KEYS, ChipProfile
+from hal.contract.chips import ChipProfile
 from hal.emulation.timed_cost import (ASSUMED, DEFAULT_DTYPE, DEFAULT_MEMORY_BW,  # noqa: F401 - API
-                         Speeds, TimedEmulationError, TraceOp, charged_flops, chip_speeds, op_bytes, op_cost,
-                         op_flops, op_shape, rate_factor, trace_cost)
+                         Speeds, TimedEmulationError, TraceOp, charge_plan, charged_flops, chip_speeds, op_bytes,
+                         op_cost, op_dtype, op_flops, op_shape, rate_factor, trace_cost)
 from hal.emulation.timed_cost import _FREE, aten
 
 _log = logging.getLogger(__name__)
@@ -153,14 +158,15 @@ class VirtualClock:
         self.reset_stats()
 
     # -- charging ---------------------------------------------------------------------------------
-    def charge(self, flops: float, nbytes: float, op: str = "", shape: Optional[tuple] = None) -> float:
-        """Advance the device by one op of `flops` FLOPs moving `nbytes` bytes; an op of matrix class
-        `shape` (timed_cost.op_shape) costs its FLOPs x rate_factor(shape, the speeds' efficiency
-        matrix); returns its seconds."""
+    def charge(self, flops: float, nbytes: float, op: str = "", shape: Optional[tuple] = None,
+               dtype: Optional[str] = None) -> float:
+        """Advance the device by one op of `flops` FLOPs computing in `dtype` (None: the reference dtype)
+        moving `nbytes` bytes; an op of matrix class `shape` (timed_cost.op_shape) costs its FLOPs x
+        rate_factor(shape, the speeds' efficiency matrix) at the dtype's rate; returns its seconds."""
         rate = rate_factor(shape, getattr(self.speeds, "matrix", None))
-        cost = op_cost(flops * rate, nbytes, self.speeds)
+        cost = op_cost(flops * rate, nbytes, self.speeds, dtype, op)
         if self.trace is not None:
-            self.trace.append(TraceOp(op, int(flops), int(nbytes), shape))
+            self.trace.append(TraceOp(op, int(flops), int(nbytes), shape, dtype))
         now = self._now()
         if self.device_t is None:
             self._mark(now)
@@ -405,8 +411,9 @@ class TimedMode(TorchDispatchMode):
         if func in _FREE or func.is_view or ns == "prim" or _meta(out):
             return out  # no kernel on a device (a view, an allocation, shape-only work on meta tensors)
         clock._poll()
-        clock.charge(op_flops(func, args, kwargs, out), op_bytes(args, kwargs, out),
-                     func._opname if clock.trace is not None else "", op_shape(func, args))
+        flops = op_flops(func, args, kwargs, out)
+        clock.charge(flops, op_bytes(args, kwargs, out), func._opname, op_shape(func, args),
+                     op_dtype(args) if flops else None)
         return out
 
 
@@ -550,10 +557,10 @@ def time_scale(env: Optional[Mapping[str, str]] = None) -> float:
 
 
 def charge_dtype(env: Optional[Mapping[str, str]] = None) -> str:
-    text = envs.HAL_EMULATE_TIMED_DTYPE.get(env)
-    if text not in DTYPE_KEYS:
-        raise TimedEmulationError(f"HAL_EMULATE_TIMED_DTYPE={text!r} is not one of {DTYPE_KEYS}")
-    return text
+    """The one dtype HAL_EMULATE_TIMED_DTYPE forces on every chip (an unscoped `DTYPE` item), else
+    DEFAULT_DTYPE: what a planner pricing every chip at one dtype assumes (hal.trainer.autoplan)."""
+    forced, _ = charge_plan(envs.HAL_EMULATE_TIMED_DTYPE.text(env), "", "")
+    return forced or DEFAULT_DTYPE
 
 
 def _matrix_for(path_text: str, chip: str, model: str) -> Any:
@@ -578,8 +585,9 @@ def clock_from_env(chip: str, profile: ChipProfile, env: Optional[Mapping[str, s
     """The clock `HAL_EMULATE_TIMED` asks for on an emulated `chip` with `profile`, or None (off)."""
     if not timed_requested(env):
         return None
-    scale, dtype = time_scale(env), charge_dtype(env)
+    scale = time_scale(env)
+    forced, charge_as = charge_plan(envs.HAL_EMULATE_TIMED_DTYPE.text(env), chip, profile.model)
     mpath = envs.HAL_EMULATE_TIMED_MATRIX.text(env)
     matrix = _matrix_for(mpath, chip, profile.model) if mpath else None
-    return VirtualClock(chip, chip_speeds(profile, dtype, scale, matrix=matrix), dtype=dtype, scale=scale,
-                        **clock_kw)
+    speeds = chip_speeds(profile, forced, scale, matrix=matrix, charge_as=charge_as)
+    return VirtualClock(chip, speeds, dtype=speeds.dtype, scale=scale, **clock_kw)

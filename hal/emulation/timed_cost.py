@@ -1,27 +1,32 @@
 """What an op costs on a timed-emulated chip (hal.emulation.timed): the chip's speeds, the one formula, and
-an op's FLOPs and bytes.
+an op's FLOPs, bytes and dtype.
 
-    cost(op) = max(flops(op) / F, bytes(op) / B)        F, B = chip_speeds(chip, dtype, scale)
+    cost(op) = max(flops(op) / F(dtype(op)), bytes(op) / B)     F, B = chip_speeds(chip, dtype, scale)
 
-A planner predicting an emulated run prices work with `chip_speeds` and `op_cost` (or a recorded op
-trace with `hal.emulation.timed.record_ops` + `trace_cost`); hal.emulation.timed's clock charges with the same. The
-approximations (FLOPs of matmul-like ops only, bytes = inputs + outputs) are stated in hal.emulation.timed.
+F is charged at the dtype the op computes in (its first floating-point operand's: a bfloat16 matmul at the
+chip's bfloat16 rate, a float32 one at its float32 rate): `Speeds.rates` holds every dtype the chip has a
+figure for, `Speeds.flops_for(dtype, op)` picks one, and a dtype the chip has none for is a
+TimedEmulationError naming chip, op and dtype (no fallback). An explicit override re-maps dtypes
+(`charge_plan`, HAL_EMULATE_TIMED_DTYPE). A planner predicting an emulated run prices work with
+`chip_speeds` and `op_cost` (or a recorded op trace with `hal.emulation.timed.record_ops` +
+`trace_cost`); hal.emulation.timed's clock charges with the same. The approximations (FLOPs of
+matmul-like ops only, bytes = inputs + outputs) are stated in hal.emulation.timed.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 import torch
 
-from hal import envs
 from hal.contract.chips import DTYPE_KEYS, ChipProfile
 from hal.contract.errors import HalError
 
 # Achieved FLOP/s are no single constant: the chip's efficiency matrix (hal.core.chip_matrix; defaults in
 # the catalog, each sourced) gives each GEMM its fraction of peak by shape, fused attention its own, and
-# memory-bound ops a fraction of the memory bandwidth. A clock's F is the chip's best sustained rate
-# (peak x best_fraction); an op the matrix rates lower is charged its FLOPs x best / its fraction.
+# memory-bound ops a fraction of the memory bandwidth. A clock's F for a dtype is the chip's best sustained
+# rate in it (peak(dtype) x best_fraction: the matrix's fractions are of the peak of the dtype the work
+# runs in); an op the matrix rates lower is charged its FLOPs x best / its fraction.
 # Figures the catalog lists as unknown: chip model -> figure -> (value, why). The one definition
 # (hal/strategies/planner/facts.py imports it).
 ASSUMED: dict[str, dict[str, tuple[float, str]]] = {
@@ -35,26 +40,47 @@ ASSUMED: dict[str, dict[str, tuple[float, str]]] = {
     },
 }
 DEFAULT_MEMORY_BW = (1.5e12, "default: 1.5 TB/s")
-DEFAULT_DTYPE = envs.HAL_EMULATE_TIMED_DTYPE.default
+# The reference dtype: what `Speeds.flops_per_s` and the MFU peak are given in when nobody names one (the
+# dtype a real run trains in); a chip without it takes the first of REFERENCE_DTYPES it has a rate for.
+DEFAULT_DTYPE = "bfloat16"
+REFERENCE_DTYPES = ("bfloat16", "float16", "float32", "tf32", "float64", "float8", "int8")
+# torch dtype -> the catalog's dtype key (an op in any other dtype has no rate on any chip)
+DTYPE_KEY: dict[torch.dtype, str] = {
+    torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+    torch.int8: "int8", **{getattr(torch, n): "float8" for n in ("float8_e4m3fn", "float8_e5m2",
+                                                                 "float8_e4m3fnuz", "float8_e5m2fnuz")
+                           if hasattr(torch, n)}}
 
 
 class TimedEmulationError(HalError, ValueError):
     """Timed emulation was asked for in a way it cannot run: names the variable/argument and value."""
 
+
 class Speeds(tuple):
     """What the virtual clock charges at: (flops_per_s, bytes_per_s, source), FLOP/s the chip's best
-    sustained rate and bytes/s, both already divided by the scale; and, as attributes, the efficiency
-    matrix that rates each op against the best (`matrix`, None: every op at the best rate) and the
-    dtype's peak / scale (`peak_flops_per_s`, the MFU denominator). Unpacks as the three figures."""
+    sustained rate in the reference dtype (`dtype`) and bytes/s, both already divided by the scale; and,
+    as attributes, the efficiency matrix that rates each op against the best (`matrix`, None: every op at
+    the best rate), the reference dtype's peak / scale (`peak_flops_per_s`, the MFU denominator), the best
+    sustained FLOP/s / scale of every dtype the chip has a figure for (`rates`), the explicit re-mapping
+    of op dtypes (`charge_as`: {op dtype or '*': dtype charged}) and the chip's name (`chip`). A Speeds
+    built with no `rates` (a test's, a planner's one-rate figure) charges every dtype at flops_per_s.
+    Unpacks as the three figures."""
 
     matrix: Any
     peak_flops_per_s: float
+    rates: Mapping[str, float]
+    charge_as: Mapping[str, str]
+    chip: str
+    dtype: str
 
     def __new__(cls, flops_per_s: float, bytes_per_s: float, source: str, matrix: Any = None,
-                peak_flops_per_s: float = 0.0) -> "Speeds":
+                peak_flops_per_s: float = 0.0, *, rates: Optional[Mapping[str, float]] = None,
+                charge_as: Optional[Mapping[str, str]] = None, chip: str = "", dtype: str = DEFAULT_DTYPE) -> "Speeds":
         self = super().__new__(cls, (flops_per_s, bytes_per_s, source))
         self.matrix = matrix
         self.peak_flops_per_s = peak_flops_per_s
+        self.rates, self.charge_as = dict(rates or {}), dict(charge_as or {})
+        self.chip, self.dtype = chip, dtype
         return self
 
     @property
@@ -68,6 +94,22 @@ class Speeds(tuple):
     @property
     def source(self) -> str:
         return self[2]
+
+    def flops_for(self, dtype: Optional[str], op: str = "op") -> float:
+        """Best sustained FLOP/s / scale at which an op computing in `dtype` (a DTYPE_KEYS key; None: the
+        reference dtype) is charged; TimedEmulationError naming chip, op and dtype if the chip has none."""
+        if dtype is None or not self.rates:
+            return self.flops_per_s
+        charged = self.charge_as.get(dtype) or self.charge_as.get("*") or dtype
+        rate = self.rates.get(charged)
+        if not rate:
+            how = f" (charged as {charged} by HAL_EMULATE_TIMED_DTYPE)" if charged != dtype else ""
+            raise TimedEmulationError(
+                f"timed emulation of chip {self.chip!r}: op {op!r} computes in {dtype}{how}, and the chip has no "
+                f"{charged} FLOP/s figure (catalog: unknown or absent; it has {sorted(self.rates)}). Train in a "
+                f"dtype it has ([train] precision = 'auto'), or charge {dtype} at another dtype's rate explicitly: "
+                f"HAL_EMULATE_TIMED_DTYPE='{self.chip.split(' ')[0]}:{dtype}=<dtype>' ([cluster] timed_dtype)")
+        return rate
 
 
 # ---- the one formula for an emulated chip's speeds -------------------------------------------------
@@ -88,55 +130,103 @@ def _assumed(prof: Optional[ChipProfile], model: Optional[str]) -> dict[str, tup
     return {}
 
 
-def chip_speeds(chip: Union[str, ChipProfile], dtype: str = DEFAULT_DTYPE, scale: float = 1.0, *,
-                model: Optional[str] = None, matrix: Any = None) -> Speeds:
+def chip_speeds(chip: Union[str, ChipProfile], dtype: Optional[str] = DEFAULT_DTYPE, scale: float = 1.0, *,
+                model: Optional[str] = None, matrix: Any = None,
+                charge_as: Optional[Mapping[str, str]] = None) -> Speeds:
     """(flops_per_s, bytes_per_s, source) that timed emulation charges `chip` at: the one definition
-    a planner predicting an emulated run must use. `chip`: a chip name (its catalog default model,
-    or `model`) or a ChipProfile; `matrix`: an `hal.core.efficiency.EfficiencyMatrix` whose measured
-    figures replace the catalog's; `scale`: the time scale (1 = the real chip's speed)."""
-    if dtype not in DTYPE_KEYS:
+    a planner predicting an emulated run must use. flops_per_s is in `dtype` (None: the first of
+    REFERENCE_DTYPES the chip has a rate for); `.rates` holds every dtype's, the clock charges each op at
+    its own. `chip`: a chip name (its catalog default model, or `model`) or a ChipProfile; `matrix`: an
+    `hal.core.efficiency.EfficiencyMatrix` whose measured figures replace the catalog's; `scale`: the
+    time scale (1 = the real chip's speed); `charge_as`: explicit re-mapping of op dtypes (`charge_plan`)."""
+    if dtype is not None and dtype not in DTYPE_KEYS:
         raise TimedEmulationError(f"timed emulation dtype {dtype!r} is not one of {DTYPE_KEYS}")
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise TimedEmulationError(f"timed emulation scale {scale!r} must be a finite number > 0")
     prof = _profile_of(chip, model)
     name = prof.model if prof is not None else str(model or chip)
-    assumed = _assumed(prof, model)
+    label = f"{chip.chip if isinstance(chip, ChipProfile) else chip} ({name})"
     cm = _chip_matrix(chip, prof, model)
-    peak = prof.peak(dtype) if prof is not None else None
-    psrc = f"catalog {name} {dtype} peak"
-    if not peak and dtype == "bfloat16" and "peak_bf16" in assumed:
-        peak, psrc = assumed["peak_bf16"][0], assumed["peak_bf16"][1]
-    if matrix is not None and matrix.best_matmul_flops(dtype):
-        best = matrix.best_matmul_flops(dtype)
-        peak = peak or best
-        mbw = prof.memory_bandwidth.value if prof is not None else None
-        cm = cm.with_measured(matrix, peak, mbw, f"{matrix.chip} {matrix.profile_model}") if cm is not None else None
-        flops = best
-        fsrc = f"measured {dtype} matmul ({matrix.chip} {matrix.profile_model}" + \
-               (", EMULATED host" if matrix.emulated else "") + ")"
-    elif peak and cm is not None:
-        flops = cm.best_fraction * peak
-        fsrc = (f"best GEMM fraction {cm.best_fraction:.3g} (efficiency matrix {cm.origin}) x {psrc} "
-                f"{peak / 1e12:.4g} TFLOP/s")
-    else:
+    rates = _rates(prof, _assumed(prof, model), cm, matrix, name)
+    if dtype is None:
+        dtype = next((d for d in REFERENCE_DTYPES if d in rates), DEFAULT_DTYPE)
+    if dtype not in rates:
         known = sorted(k for k, f in (prof.peak_flops.items() if prof else []) if f.value)
         raise TimedEmulationError(
             f"timed emulation of chip {name!r}: no {dtype} peak FLOP/s (catalog: unknown) or no efficiency matrix "
             f"and no measured one; charge another dtype (HAL_EMULATE_TIMED_DTYPE, known: {known}) or give "
             f"HAL_EMULATE_TIMED_MATRIX")
-    if matrix is not None and matrix.memory_bytes_per_s():
-        nbytes, bsrc = matrix.memory_bytes_per_s(), f"measured device copy ({matrix.chip} {matrix.profile_model})"
-    else:
-        if prof is not None and prof.memory_bandwidth.value:
-            nbytes, bsrc = prof.memory_bandwidth.value, f"catalog {name} memory bandwidth"
-        elif "memory_bw" in assumed:
-            nbytes, bsrc = assumed["memory_bw"]
-        else:
-            nbytes, bsrc = DEFAULT_MEMORY_BW
-        if cm is not None:
-            nbytes, bsrc = nbytes * cm.memory, f"{cm.memory:.3g} x {bsrc}"
+    bad = {k: v for k, v in (charge_as or {}).items() if v not in rates}
+    if bad:
+        raise TimedEmulationError(f"HAL_EMULATE_TIMED_DTYPE charges {bad} on chip {label}, which has no FLOP/s "
+                                  f"figure for {sorted(set(bad.values()))} (it has {sorted(rates)})")
+    flops, peak, fsrc = rates[dtype]
+    if matrix is not None and matrix.best_matmul_flops(dtype) and cm is not None:
+        mbw = prof.memory_bandwidth.value if prof is not None else None
+        cm = cm.with_measured(matrix, peak, mbw, f"{matrix.chip} {matrix.profile_model}")
+    nbytes, bsrc = _bandwidth(prof, _assumed(prof, model), cm, matrix, name)
     source = f"{fsrc}; {bsrc} {nbytes / 1e12:.4g} TB/s; / time scale {scale:g}"
-    return Speeds(flops / scale, nbytes / scale, source, cm, (peak or flops) / scale)
+    if charge_as:
+        source += "; op dtypes charged as " + ", ".join(f"{k}->{v}" for k, v in sorted(charge_as.items()))
+    return Speeds(flops / scale, nbytes / scale, source, cm, peak / scale,
+                  rates={d: r[0] / scale for d, r in rates.items()}, charge_as=charge_as, chip=label, dtype=dtype)
+
+
+def _rates(prof: Optional[ChipProfile], assumed: dict, cm: Any, matrix: Any, name: str) -> dict[str, tuple]:
+    """dtype -> (best sustained FLOP/s, peak FLOP/s, source) for every dtype the chip has a figure for: a
+    measured matmul (`matrix`), else the catalog (or ASSUMED) peak x the efficiency matrix's best fraction."""
+    out: dict[str, tuple] = {}
+    for d in DTYPE_KEYS:
+        peak = prof.peak(d) if prof is not None else None
+        psrc = f"catalog {name} {d} peak"
+        if not peak and d == "bfloat16" and "peak_bf16" in assumed:
+            peak, psrc = assumed["peak_bf16"]
+        best = matrix.best_matmul_flops(d) if matrix is not None else None
+        if best:
+            out[d] = (best, peak or best, f"measured {d} matmul ({matrix.chip} {matrix.profile_model}"
+                      + (", EMULATED host" if matrix.emulated else "") + ")")
+        elif peak and cm is not None:
+            out[d] = (cm.best_fraction * peak, peak, f"best GEMM fraction {cm.best_fraction:.3g} (efficiency "
+                      f"matrix {cm.origin}) x {psrc} {peak / 1e12:.4g} TFLOP/s")
+    return out
+
+
+def _bandwidth(prof: Optional[ChipProfile], assumed: dict, cm: Any, matrix: Any, name: str) -> tuple[float, str]:
+    """(memory bytes/s, source): measured device copy, else catalog / ASSUMED / default x the matrix's fraction."""
+    if matrix is not None and matrix.memory_bytes_per_s():
+        return matrix.memory_bytes_per_s(), f"measured device copy ({matrix.chip} {matrix.profile_model})"
+    if prof is not None and prof.memory_bandwidth.value:
+        nbytes, bsrc = prof.memory_bandwidth.value, f"catalog {name} memory bandwidth"
+    elif "memory_bw" in assumed:
+        nbytes, bsrc = assumed["memory_bw"]
+    else:
+        nbytes, bsrc = DEFAULT_MEMORY_BW
+    if cm is not None:
+        nbytes, bsrc = nbytes * cm.memory, f"{cm.memory:.3g} x {bsrc}"
+    return nbytes, bsrc
+
+
+def charge_plan(text: str, chip: str, model: str) -> tuple[Optional[str], dict[str, str]]:
+    """Parse HAL_EMULATE_TIMED_DTYPE for one chip: (the forced dtype or None, {op dtype or '*': dtype
+    charged}). Items, comma-separated: `DTYPE` (every op at DTYPE: one-dtype charging) or `FROM=TO` (ops
+    computing in FROM at TO's rate), each optionally scoped `CHIP:` (a chip name or model; others ignore
+    it). Blank: {} (each op at its own dtype)."""
+    forced, mapping = None, {}
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        scope, _, rule = item.rpartition(":")
+        if scope and scope.lower() not in (chip.lower(), str(model).lower()):
+            continue
+        src, eq, dst = (p.strip() for p in rule.partition("="))
+        for key in ((src, dst) if eq else (src,)):
+            if key not in DTYPE_KEYS:
+                raise TimedEmulationError(f"HAL_EMULATE_TIMED_DTYPE={text!r}: {key!r} in {item!r} is not one of "
+                                          f"{DTYPE_KEYS} (items: DTYPE or FROM=TO, each optionally CHIP:)")
+        if eq:
+            mapping[src] = dst
+        else:
+            forced = src
+            mapping["*"] = src
+    return forced, mapping
 
 
 def _chip_matrix(chip: Union[str, ChipProfile], prof: Optional[ChipProfile], model: Optional[str]) -> Any:
@@ -182,20 +272,33 @@ def charged_flops(func: Any, args: tuple, kwargs: dict, out: Any, speeds: Speeds
     return flops * rate_factor(op_shape(func, args), speeds.matrix) if flops else 0.0
 
 
-def op_cost(flops: float, nbytes: float, speeds: Speeds) -> float:
-    """Seconds one op takes on the emulated chip: the slower of its compute and its memory traffic."""
-    return max(flops / speeds.flops_per_s, nbytes / speeds.bytes_per_s)
+def op_cost(flops: float, nbytes: float, speeds: Speeds, dtype: Optional[str] = None, op: str = "op") -> float:
+    """Seconds one op takes on the emulated chip: the slower of its compute (at the rate of `dtype`, the
+    dtype it computes in: `Speeds.flops_for`; None: the reference dtype) and its memory traffic."""
+    compute = flops / speeds.flops_for(dtype, op) if flops else 0.0
+    return max(compute, nbytes / speeds.bytes_per_s)
+
+
+def op_dtype(args: tuple) -> Optional[str]:
+    """The dtype key an op computes in: its first floating-point (or int8) tensor operand's; None if none."""
+    for x in args:
+        if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.dtype == torch.int8):
+            return DTYPE_KEY.get(x.dtype, str(x.dtype).replace("torch.", ""))
+    return None
 
 
 class TraceOp(tuple):
     """One recorded op: (op name, flops, bytes), unpacking as those three, with its matrix class
-    (`op_shape`) as `.shape`, so a trace is priced for any chip's efficiency matrix."""
+    (`op_shape`) as `.shape` and the dtype it computes in as `.dtype`, so a trace is priced for any
+    chip's efficiency matrix and rates."""
 
     shape: Optional[tuple]
+    dtype: Optional[str]
 
-    def __new__(cls, op: str, flops: int, nbytes: int, shape: Optional[tuple] = None) -> "TraceOp":
+    def __new__(cls, op: str, flops: int, nbytes: int, shape: Optional[tuple] = None,
+                dtype: Optional[str] = None) -> "TraceOp":
         self = super().__new__(cls, (op, flops, nbytes))
-        self.shape = shape
+        self.shape, self.dtype = shape, dtype
         return self
 
 
@@ -203,7 +306,8 @@ def trace_cost(trace: list, speeds: Speeds) -> float:
     """Seconds the ops of a recorded trace (`VirtualClock(record=True).trace`) take at `speeds`: what
     the clock would charge a chip with those speeds for the same ops (a planner's per-layer figure)."""
     mx = getattr(speeds, "matrix", None)
-    return sum(op_cost(op[1] * rate_factor(getattr(op, "shape", None), mx), op[2], speeds) for op in trace)
+    return sum(op_cost(op[1] * rate_factor(getattr(op, "shape", None), mx), op[2], speeds,
+                       getattr(op, "dtype", None), op[0]) for op in trace)
 
 
 # ---- what an op costs ---------------------------------------------------------------------------

@@ -57,9 +57,9 @@ def load(args: argparse.Namespace):
 def config_env(cfg, environ) -> dict:
     """The environment a rank runs under: `environ` with the chips and the timing the config sets
     (cluster.emulate -> HAL_EMULATE, cluster.spec -> HAL_CLUSTER, either drops HAL_CHIP; cluster.timed
-    -> HAL_EMULATE_TIMED=1 and cluster.time_scale -> HAL_EMULATE_TIME_SCALE). The launcher and every
-    rank apply this one rule, so a node's ranks get the config's settings whatever its launcher's
-    environment (docs/mixed-cluster.md)."""
+    -> HAL_EMULATE_TIMED=1, cluster.time_scale -> HAL_EMULATE_TIME_SCALE, cluster.timed_dtype ->
+    HAL_EMULATE_TIMED_DTYPE). The launcher and every rank apply this one rule, so a node's ranks get the
+    config's settings whatever its launcher's environment (docs/mixed-cluster.md)."""
     env = dict(environ)
     c = cfg.cluster
     if c.emulate or c.spec:
@@ -73,6 +73,8 @@ def config_env(cfg, environ) -> dict:
         env["HAL_EMULATE_TIMED"] = "1"
         if c.time_scale:
             env["HAL_EMULATE_TIME_SCALE"] = repr(c.time_scale)
+        if c.timed_dtype:
+            env["HAL_EMULATE_TIMED_DTYPE"] = c.timed_dtype
     return env
 
 

@@ -105,6 +105,9 @@ class ClusterSection(_Section):
                         description="timed emulation for a local run (HAL_EMULATE_TIMED=1, hal.emulation.timed)")
     time_scale: Optional[float] = Field(default=None, gt=0,
                                         description="HAL_EMULATE_TIME_SCALE; None = hal.emulation.timed's default")
+    timed_dtype: Optional[str] = Field(default=None, description="HAL_EMULATE_TIMED_DTYPE: re-map the dtype timed "
+                                       "emulation charges ops at ('bfloat16': every op; 'ascend:float32=bfloat16'); "
+                                       "None = each op at its own dtype, a chip without a figure for it refused")
     nodes: list[str] = Field(default_factory=list, description="host names of the nodes in node-rank order, the "
                              "first 'HOST[:PORT]' the endpoint: `hal train` on each finds itself (hal.launch.nodes)")
 
