@@ -11,7 +11,8 @@ Speed (by default an emulated chip computes at the host's speed):
   step takes the chip's time whatever the host's load. Communication stays real (CPU fabric).
   `HAL_EMULATE_TIME_SCALE=<float>` (default `hal.emulation.timed.DEFAULT_TIME_SCALE`): how many times slower
   than the real chip the emulated one runs; it must keep the host ahead (`clock.stats()` counts
-  overruns). `HAL_EMULATE_TIMED_DTYPE` (default bfloat16): the dtype every op is charged at.
+  overruns). Each op is charged at the rate of the dtype it computes in (a chip without a figure
+  for it: refused); `HAL_EMULATE_TIMED_DTYPE` re-maps dtypes explicitly (`float32=tf32`, `bfloat16`).
   `HAL_EMULATE_TIMED_MATRIX=<file or dir>`: measured efficiency matrices to charge at instead.
 - `HAL_EMULATE_DILATION=1`: slows each emulated chip in wall time by the ratio of the
   fastest mapped chip's peak bf16 FLOP/s to its own, sleeping in proportion to the process's CPU

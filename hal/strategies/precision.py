@@ -25,7 +25,8 @@ Rules (issue 23, item 4):
   so the float32 gradient sum over ranks of different dtypes stays one scaled sum; the overflow verdict
   is agreed with one bounded all_reduce (MAX) so every rank skips the same steps.
 On emulated chips the dtypes are the host CPU's (torch's CPU autocast): the arithmetic is real, the
-chip's speed in that dtype is not (hal.emulation.timed charges one dtype for every op).
+chip's speed in that dtype is not (timed emulation, hal.emulation.timed, charges each op at the catalog rate of the
+dtype it computes in).
 """
 from __future__ import annotations
 
