@@ -12,8 +12,7 @@ emulated cuda ranks, host 1 the emulated ascend ranks; `cuda:1+1` puts one cuda 
 hosts (a sub-cluster spanning hosts). Each rank has its own veth NIC shaped by tbf to --rate in both
 directions (a line rate this 2-core machine can saturate, so the links and not the CPU bound the
 time). Each op is one torchrun job across the hosts running `python -m hal.cli.bench comm --backend
-hetero --baseline gloo` (size by size, same job), with `--stages` for all_reduce on the default
-layout (the bridge's own stages timed one by one on groups shaped like its own).
+hetero --baseline gloo` (size by size, same job).
 
 The model: `hal.core.link_model.collective_seconds` on `BedSpec.topology()` (payload only, every
 byte on the busiest NIC direction at --rate; intra-host steps are shared memory, free next to the
@@ -63,8 +62,6 @@ def run_op(bed: Testbed, op: str, args, json_path: str) -> tuple[dict, dict, flo
               "--max-bytes", args.max_bytes, "--step-factor", "2",
               "--iters", str(args.iters), "--warmup", "1", "--repeats", str(args.repeats),
               "--timeout", "600", "--json", json_path]
-    if op == "all_reduce" and args.stages:
-        target.append("--stages")
     before = {h: bed.nic_bytes(h) for h in range(bed.spec.hosts)}
     t0 = time.monotonic()
     job = launch(bed, target, env={"HAL_CPU_CCL": "auto"})
@@ -182,11 +179,6 @@ def print_table(out: dict, spec: BedSpec, args) -> list[dict]:
             table.append(row)
             print(" {:>11} {:>9}M {:>10.0f} {:>10.0f} {:>9.0f}% {:>11.0f} {:>10.0f} {:>9.2f}x".format(
                 op, size >> 20, het_ms, m_het, 100 * m_het / het_ms, gl_ms, m_gl, gl_ms / het_ms))
-        st = res["report"].get("stages")
-        if st:
-            print(f"# {op} hetero stages (ms): " + "; ".join(
-                f"{s['size_bytes'] >> 20}M: intra {s['intra_in_us'] / 1e3:.0f} | rail {s['cross_us'] / 1e3:.0f} | "
-                f"intra {s['intra_out_us'] / 1e3:.0f}" for s in st))
         payload_tx = sum(v[0] for v in res["nic_bytes"].values())
         print(f"# {op}: NIC bytes sent during the job: " + ", ".join(
             f"{k} {v[0] / 2**20:.0f} MiB" for k, v in sorted(res["nic_bytes"].items())) +
@@ -205,7 +197,6 @@ def main() -> int:
     p.add_argument("--max-bytes", default="64M")
     p.add_argument("--iters", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--stages", action="store_true", help="time the hetero all_reduce's stages too")
     p.add_argument("--moe-tokens", type=int, default=2048, help="tokens per rank in the MoE step")
     p.add_argument("--moe-hidden", type=int, default=1024)
     p.add_argument("--job-timeout", type=float, default=1200.0)

@@ -92,13 +92,15 @@ def test_cli_end_to_end(tmp_path, capfd):
     # itself under torchrun, whose ranks print the table to the inherited stdout
     out = tmp_path / "rows.json"
     argv = ["bench", "comm", "--backend", BACKEND, "--emulate", EMULATE, "--min-bytes", "4K", "--max-bytes", "8K",
-            "--iters", "2", "--warmup", "1", "--repeats", "3", "--timeout", "60", "--json", str(out)]
+            "--iters", "2", "--warmup", "1", "--repeats", "3", "--timeout", "60", "--json", str(out),
+            "--model", "--nic-rate", "200Mb/s", "--intra-rate", "inf"]
     code = main(argv)
     captured = capfd.readouterr()
     assert code == 0, captured.out + captured.err
     text = captured.out
     assert "EMULATED chips" in text and "cuda (emulated) x1, ascend (emulated) x1" in text
     table = [line.split() for line in text.splitlines() if line and not line.startswith("#")]
+    table, model = table[:2], table[2:]
     assert [int(r[0]) for r in table] == [4096, 8192]
     assert [r[2] for r in table] == ["float32", "float32"] and [r[-1] for r in table] == ["0", "0"]
     assert "# Out of bounds values : 0 OK" in text
@@ -111,3 +113,8 @@ def test_cli_end_to_end(tmp_path, capfd):
         assert r["wrong"] == 0 and len(r["repeats_us"]) == 3 and r["time_us"] > 0
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 1.0)  # 2(n-1)/n = 1 for n = 2
         assert r["algbw_GBps"] == pytest.approx(r["size_bytes"] / r["time_us"] / 1e3)
+    # --model: hal.core.link_model on 1 cuda + 1 ascend rank of one node at 200 Mb/s = 25e6 B/s per NIC
+    # direction: the one rail's ring all_reduce sends S each way across the NICs, S / 25e6 s
+    assert "# link model (hal.core.link_model" in text and [int(r[0]) for r in model] == [4096, 8192]
+    assert [m["model_us"] for m in report["link_model"]["rows"]] == pytest.approx([4096 / 25.0, 8192 / 25.0])
+    assert [float(r[1]) for r in model] == pytest.approx([163.8, 327.7], abs=0.05)

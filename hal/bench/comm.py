@@ -54,6 +54,17 @@ def _pattern(count: int, offset: int, dtype: torch.dtype) -> torch.Tensor:
     return ((torch.arange(count, dtype=torch.int64) + offset) % 5).to(dtype)
 
 
+def split_count(count: int, n: int, src: int, dst: int, uneven: bool) -> int:
+    """Elements rank `src` sends to rank `dst` in an all_to_all of `count` elements per rank over `n`
+    ranks: count // n each, or the uneven shares of the module docstring."""
+    if not uneven:
+        return count // n
+    total = n * (n + 1) // 2
+    if dst < n - 1:
+        return count * (1 + (src + dst) % n) // total
+    return count - sum(split_count(count, n, src, j, True) for j in range(n - 1))
+
+
 class OpCase:
     """Buffers for one (op, size, dtype) on one rank, the call that runs it, and its expected output."""
 
@@ -84,13 +95,7 @@ class OpCase:
 
     def split(self, src: int, dst: int) -> int:
         """Elements rank `src` sends to rank `dst` in all_to_all (see `uneven` in the module docstring)."""
-        n = self.n
-        if not self.uneven:
-            return self.chunk
-        total = n * (n + 1) // 2
-        if dst < n - 1:
-            return self.count * (1 + (src + dst) % n) // total
-        return self.count - sum(self.split(src, j) for j in range(n - 1))
+        return split_count(self.count, self.n, src, dst, self.uneven)
 
     def fill(self) -> None:
         """Fresh inputs: rank r sends pattern + r (all_to_all: block j carries r * n + j)."""
@@ -227,16 +232,6 @@ def vendor_groups(chips: list[tuple[str, bool]], timeout: timedelta) -> GroupUnd
     return gut
 
 
-def rail_groups(chips: list[tuple[str, bool]], timeout: timedelta) -> Optional[GroupUnderTest]:
-    """Gloo groups over the bridge's rails (`hal.core.topology`), or None when the sub-clusters differ in
-    size (uneven rails carry different shares: not modelled here)."""
-    from hal.core.topology import rail_layout
-    layout = rail_layout([(c, e) for c, e in chips])
-    if len({g.size for g in layout.subclusters}) != 1 or not layout.rail_mode:
-        return None
-    return _groups({f"rail {r.index}": list(r.members) for r in layout.rails}, "gloo", timeout)
-
-
 # ---- the measurement -------------------------------------------------------------------------------
 
 def _barrier() -> None:
@@ -246,10 +241,8 @@ def _barrier() -> None:
 def measure(op: str, sizes: list[int], dtype_name: str, gut: GroupUnderTest, iters: int = 8,
             warmup: int = 2, repeats: int = 5, device: Optional[torch.device] = None,
             check: bool = True, on_row: Optional[Callable[[list], None]] = None,
-            idle: bool = False, uneven: bool = False) -> list[Row]:
-    """Measure `op` at every size on the group under test; every rank calls this and gets all rows.
-    An `idle` rank takes part in the barriers and the gathering of results but runs no operation
-    (its group's row is then meaningless: the stage model uses it for ranks off the leader rail)."""
+            uneven: bool = False) -> list[Row]:
+    """Measure `op` at every size on the group under test; every rank calls this and gets all rows."""
     if dtype_name not in DTYPES:
         raise BenchError(f"--dtype {dtype_name!r}: expected one of {list(DTYPES)}")
     for name, value in (("--iters", iters), ("--repeats", repeats)):
@@ -266,7 +259,7 @@ def measure(op: str, sizes: list[int], dtype_name: str, gut: GroupUnderTest, ite
     for size in sizes:
         count = _count_for(op, size, dtype, n)
         case = OpCase(op, count, dtype, gut.group, rank_in, n, device, uneven=uneven)
-        run = (lambda: None) if idle else case.run
+        run = case.run
         for _ in range(warmup):
             run()
         times = []
@@ -277,7 +270,7 @@ def measure(op: str, sizes: list[int], dtype_name: str, gut: GroupUnderTest, ite
                 run()
             times.append((time.perf_counter() - t0) / iters)
         wrong = 0
-        if check and not idle:
+        if check:
             case.fill()
             case.run()
             wrong = case.wrong()
@@ -306,59 +299,52 @@ def measure(op: str, sizes: list[int], dtype_name: str, gut: GroupUnderTest, ite
     return rows
 
 
-# ---- the bridge's own model: its stages timed one by one -------------------------------------------
+# ---- the measured collective against the link model (hal.core.link_model) --------------------------
 
 @dataclass
-class StageTimes:
-    """all_reduce of `size_bytes` as the bridge runs it, stage by stage (us, slowest group per stage).
-
-    path "rail": intra reduce-scatter of S, rail all_reduce of S/n, intra all_gather of S;
-    path "leader" (S <= the bridge's small_bytes): intra reduce of S to index 0, all_reduce of S on
-    the leader rail, intra broadcast of S."""
+class ModelRow:
+    """One size against the link-bound model: the backend's and the baseline's algorithm at link rate
+    alone (us; None where hal.core.link_model has no algorithm for that backend or op)."""
 
     size_bytes: int
-    path: str
-    intra_in_us: float
-    cross_us: float
-    intra_out_us: float
-    sum_us: float      # the stages back to back: no pipelining
-    max_us: float      # the slowest stage alone: perfect chunk pipelining
-    measured_us: Optional[float] = None
+    model_us: Optional[float]
+    baseline_model_us: Optional[float] = None
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def stage_model(sizes: list[int], dtype_name: str, chips: list[tuple[str, bool]], timeout: timedelta,
-                iters: int, warmup: int, repeats: int, device: torch.device) -> Optional[list[StageTimes]]:
-    """Time the bridge's all_reduce stages separately on groups shaped like its own (every
-    sub-cluster's vendor group at once, every rail at once), choosing the path by size as the bridge
-    does (`HAL_BRIDGE_SMALL_BYTES`). Emulated chips keep tensors in host memory, so there is no
-    device<->host copy to time. Returns None for sub-clusters of different sizes (every rank agrees)."""
-    from hal.ccl_bridge.config import BridgeConfig
-    small = BridgeConfig.from_env().small_bytes
-    rails = rail_groups(chips, timeout)
-    if rails is None:
+def link_topology(chips: list[tuple[str, bool]], nodes: list[int], nic_bytes_per_s: Optional[float] = None,
+                  intra_bytes_per_s: Optional[float] = None):
+    """The job's topology for the link model: every rank's chip and node (torchrun's GROUP_RANK), one
+    sub-cluster per chip kind; NIC and intra-node rates the given ones (bytes/s, every chip), else each
+    chip's catalog figures (hal.core.topology.links_for)."""
+    from hal.core.topology import Topology
+    names = [c for c, _ in chips]
+    nic = {c: nic_bytes_per_s for c in names} if nic_bytes_per_s is not None else None
+    return Topology.from_chips(names, emulated=all(e for _, e in chips), nodes=nodes, nic_bytes_per_s=nic,
+                               intra_bytes_per_s=intra_bytes_per_s)
+
+
+def model_rows(op: str, backend: str, baseline: Optional[str], rows: list[Row], topo,
+               uneven: bool = False) -> Optional[list[ModelRow]]:
+    """hal.core.link_model's time for each measured size (its `size_bytes` per rank; uneven all_to_all:
+    the exact split matrix), for `backend` and `baseline`; None when the op has no model there."""
+    from hal.core.link_model import ALGORITHMS, OPS, all_to_all_seconds, collective_seconds
+    if op not in OPS or (backend not in ALGORITHMS and baseline not in ALGORITHMS):
         return None
-    intra = vendor_groups(chips, timeout)
-    n = len(intra.members)
-    on_leader_rail = rails.label == "rail 0"
+    n = topo.world_size
 
-    def slowest(op, gut, nbytes, only=None, idle=False):
-        rows = measure(op, [max(1, nbytes)], dtype_name, gut, iters=iters, warmup=warmup, repeats=repeats,
-                       device=device, check=False, idle=idle)
-        return max(r.time_us for r in rows if only is None or r.group == only)
-
+    def seconds(alg: Optional[str], size: int, elem: int) -> Optional[float]:
+        if alg not in ALGORITHMS:
+            return None
+        if op == "all_to_all" and uneven:
+            count = size // elem
+            return all_to_all_seconds(topo, alg, [[split_count(count, n, s, d, True) * elem for d in range(n)]
+                                                  for s in range(n)]) * 1e6
+        return collective_seconds(topo, op, alg, size) * 1e6
     out = []
-    for size in sizes:
-        if size <= small:
-            stages = (slowest("reduce", intra, size),
-                      slowest("all_reduce", rails, size, only="rail 0", idle=not on_leader_rail),
-                      slowest("broadcast", intra, size))
-            path = "leader"
-        else:
-            stages = (slowest("reduce_scatter", intra, size), slowest("all_reduce", rails, size // n),
-                      slowest("all_gather", intra, size))
-            path = "rail"
-        out.append(StageTimes(size, path, *stages, sum(stages), max(stages)))
+    for r in rows:
+        elem = r.size_bytes // max(1, r.count)
+        out.append(ModelRow(r.size_bytes, seconds(backend, r.size_bytes, elem), seconds(baseline, r.size_bytes, elem)))
     return out

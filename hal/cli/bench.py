@@ -11,7 +11,8 @@ examples:
   hal bench comm --op all_gather --min-bytes 1M --max-bytes 64M --step-factor 4
   hal bench comm --backend vendor --emulate cuda:4    # the chip's own CCL (emulated: the CPU fabric)
   hal bench comm --dtype bfloat16 --iters 20 --repeats 7 --json allreduce.json
-  hal bench comm --stages --max-bytes 64M            # hetero vs its own stage model
+  hal bench comm --model --baseline gloo --max-bytes 64M   # each time next to the link model
+  hal bench comm --model --nic-rate 200Mb/s --intra-rate inf ...   # the model at a test bed's line rate
   hal bench comm --baseline gloo --max-bytes 64M     # hetero and flat gloo in one job, with ratios
   hal bench comm --op all_to_all --uneven --baseline gloo   # MoE-like uneven all_to_all splits
   torchrun --nnodes 2 --nproc-per-node 8 ... -m hal.cli.bench comm --backend hetero   # real nodes
@@ -70,10 +71,16 @@ def add_comm_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--baseline", default=None, choices=BACKENDS,
                    help="also measure this backend in the same job, size by size, and print the time ratio "
                         "baseline / --backend (e.g. --baseline gloo: how much faster hetero is than flat gloo)")
-    c.add_argument("--stages", action="store_true",
-                   help="also time the bridge's all_reduce stages one by one (intra reduce-scatter, rail "
-                        "all_reduce, intra all_gather) and compare hetero with that model "
-                        "(needs --backend hetero --op all_reduce and equal sub-clusters)")
+    c.add_argument("--model", action="store_true",
+                   help="also print each size's link-bound model (hal.core.link_model: the backend's and "
+                        "the baseline's algorithm, payload only, at link rate on this job's ranks and nodes) "
+                        "and the measured time's share of it; all_reduce and all_to_all on hetero and gloo")
+    c.add_argument("--nic-rate", default=None, metavar="RATE",
+                   help="--model: every rank's NIC rate per direction, e.g. 200Mb/s or 25MB/s (default: each "
+                        "chip's catalog nic_bandwidth)")
+    c.add_argument("--intra-rate", default=None, metavar="RATE",
+                   help="--model: the intra-node fabric's rate per direction, 'inf' for unbounded (default: "
+                        "each chip's catalog intra_node_bandwidth)")
     c.add_argument("--nproc", type=int, default=None,
                    help="ranks to launch on this machine when not under torchrun (default: the count in "
                         "--emulate, else 4)")
@@ -99,8 +106,11 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out.append("--no-check")
     if args.uneven:
         out.append("--uneven")
-    if args.stages:
-        out.append("--stages")
+    if args.model:
+        out.append("--model")
+        for flag, v in (("--nic-rate", args.nic_rate), ("--intra-rate", args.intra_rate)):
+            if v is not None:
+                out += [flag, str(v)]
     if args.baseline:
         out += ["--baseline", args.baseline]
     if args.json:
@@ -165,10 +175,7 @@ def run(args: argparse.Namespace) -> int:
     if args.uneven and args.op != "all_to_all":
         from hal.bench.harness import BenchError
         raise BenchError(f"--uneven applies to --op all_to_all only, got --op {args.op}")
-    if args.stages and (args.backend != "hetero" or args.op != "all_reduce"):
-        from hal.bench.harness import BenchError
-        raise BenchError(f"--stages models the bridge's all_reduce: it needs --backend hetero --op all_reduce, "
-                         f"got --backend {args.backend} --op {args.op}")
+    _rates(args)  # --nic-rate / --intra-rate checked before anything starts
     if not _under_torchrun():
         return launch(args)
     return worker(args)
@@ -181,7 +188,7 @@ def worker(args: argparse.Namespace) -> int:
 
     import hal
 
-    from hal.bench.comm import make_group, measure, stage_model
+    from hal.bench.comm import make_group, measure
     from hal.bench.harness import HEADER, format_row, human_bytes, parse_size, size_ladder, summary
 
     timeout = datetime.timedelta(seconds=args.timeout)
@@ -215,22 +222,17 @@ def worker(args: argparse.Namespace) -> int:
                             **opts)
             if base is not None:
                 base_rows += measure(args.op, [size], args.dtype, base, device=device_for(args.baseline), **opts)
-        device = device_for(args.backend)
         s = summary(rows)
         s["wrong_total"] += sum(r.wrong for r in base_rows)
         if base is not None and rank == 0:
             _print_baseline(args, rows, base_rows)
-        stages = None
-        if args.stages:
-            stages = stage_model(sizes, args.dtype, chips, timeout, args.iters, args.warmup, args.repeats, device)
-            if rank == 0:
-                _print_stages(stages, rows)
+        model = _link_model(args, chips, rows, base_rows) if args.model else None
         if rank == 0:
             print(f"# Out of bounds values : {s['wrong_total']} {'OK' if s['wrong_total'] == 0 else 'FAILED'}")
             print(f"# Avg bus bandwidth    : {s['avg_busbw_GBps']:.3f} GB/s")
             if args.json:
                 with open(args.json, "w") as f:
-                    json.dump(_report(args, chips, gut, rows, s, stages, base_rows), f, indent=2)
+                    json.dump(_report(args, chips, gut, rows, s, model, base_rows), f, indent=2)
                 print(f"# wrote {args.json}")
         dist.barrier()
         return 0 if s["wrong_total"] == 0 else 1
@@ -266,23 +268,61 @@ def _print_preamble(args, chips, gut, sizes, human_bytes) -> None:
           f"busbw factor {busbw_factor(args.op, n):.3f} for n={n}; torch {torch.__version__}")
 
 
-def _print_stages(stages, rows) -> None:
-    if stages is None:
-        print("# stage model: needs several sub-clusters of one size (equal rails); not modelled")
+def _rates(args) -> tuple:
+    """(NIC, intra) bytes/s from --nic-rate / --intra-rate (None: the catalog's); LaunchError if malformed."""
+    from hal.launch.check import LaunchError
+    from hal.testbed.spec import parse_rate
+    out = []
+    for flag, text in (("--nic-rate", args.nic_rate), ("--intra-rate", args.intra_rate)):
+        if text is None:
+            out.append(None)
+        elif flag == "--intra-rate" and str(text).strip().lower() in ("inf", "unbounded"):
+            out.append(float("inf"))
+        else:
+            try:
+                out.append(parse_rate(text) / 8)
+            except Exception as exc:  # TestbedSpecError: its message names the value
+                raise LaunchError(f"{flag} {text}: {exc}") from None
+    return tuple(out)
+
+
+def _link_model(args, chips, rows, base_rows) -> Optional[dict]:
+    """Every rank's node gathered (collective); rank 0 prints each size against hal.core.link_model."""
+    import torch.distributed as dist
+
+    from hal.bench.comm import link_topology, model_rows
+    nodes: list = [None] * len(chips)
+    dist.all_gather_object(nodes, int(os.environ.get("GROUP_RANK", "0")))
+    nic, intra = _rates(args)
+    topo = link_topology(chips, nodes, nic, intra)
+    by_size = lambda rs: {r.size_bytes: r for r in sorted(rs, key=lambda r: r.time_us)}  # noqa: E731 - slowest group
+    mrows = model_rows(args.op, args.backend, args.baseline, sorted(by_size(rows).values(), key=lambda r: r.size_bytes),
+                       topo, args.uneven)
+    if dist.get_rank() == 0:
+        _print_model(args, topo, mrows, by_size(rows), by_size(base_rows))
+    return {"topology": topo.describe(), "rows": [m.as_dict() for m in mrows] if mrows else None}
+
+
+def _print_model(args, topo, mrows, rows, base_rows) -> None:
+    links = "; ".join(f"{sc.name} ranks {sc.ranks} on node(s) {sc.node_ids}: NIC {sc.nic_bandwidth.bytes_per_s:.4g} "
+                      f"B/s ({sc.nic_bandwidth.source}), intra {sc.intra_bandwidth.bytes_per_s:.4g} B/s"
+                      for sc in topo.sub_clusters)
+    if mrows is None:
+        print(f"# link model: none for --op {args.op} on --backend {args.backend}"
+              f"{f' / {args.baseline}' if args.baseline else ''} (hal.core.link_model: all_reduce and all_to_all "
+              f"on hetero and gloo)")
         return
-    print("# the bridge against its own model: its all_reduce stages timed one by one on groups shaped like its "
-          "own (every sub-cluster's vendor group / every rail at once; median of repeats, slowest group).")
-    print("# path rail: intra reduce-scatter S | rail all_reduce S/n | intra all_gather S;  path leader (S <= "
-          "HAL_BRIDGE_SMALL_BYTES): intra reduce | leader-rail all_reduce | intra broadcast, each of S")
-    print("# sum = stages back to back (no overlap); max = the slowest stage alone (perfect chunk pipelining)")
-    print("#{:>12} {:>7} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>8} {:>8}".format(
-        "size", "path", "intra(us)", "cross(us)", "intra(us)", "sum(us)", "max(us)", "hetero(us)", "het/sum",
-        "het/max"))
-    for st, row in zip(stages, rows):
-        st.measured_us = row.time_us
-        print(" {:>12} {:>7} {:>11.1f} {:>11.1f} {:>11.1f} {:>11.1f} {:>11.1f} {:>11.1f} {:>8.2f} {:>8.2f}".format(
-            st.size_bytes, st.path, st.intra_in_us, st.cross_us, st.intra_out_us, st.sum_us, st.max_us,
-            row.time_us, row.time_us / st.sum_us, row.time_us / st.max_us), flush=True)
+    print(f"# link model (hal.core.link_model: payload only, at link rate, the busiest NIC or fabric direction; a "
+          f"lower bound on time): {links}")
+    print("#{:>12} {:>12} {:>12} {:>8} {:>14} {:>12} {:>8}".format(
+        "size", "model(us)", f"{args.backend}(us)", "of model", "base model(us)", "base(us)", "of model"))
+    pct = lambda m, t: f"{100 * m / t:.0f}%" if m is not None and t else "-"  # noqa: E731
+    for m in mrows:
+        r, b = rows.get(m.size_bytes), base_rows.get(m.size_bytes)
+        print(" {:>12} {:>12} {:>12.1f} {:>8} {:>14} {:>12} {:>8}".format(
+            m.size_bytes, "-" if m.model_us is None else f"{m.model_us:.1f}", r.time_us, pct(m.model_us, r.time_us),
+            "-" if m.baseline_model_us is None else f"{m.baseline_model_us:.1f}",
+            "-" if b is None else f"{b.time_us:.1f}", pct(m.baseline_model_us, b.time_us if b else None)), flush=True)
 
 
 def _print_baseline(args, rows, base_rows) -> None:
@@ -294,7 +334,7 @@ def _print_baseline(args, rows, base_rows) -> None:
         print(line)
 
 
-def _report(args, chips, gut, rows, s, stages=None, base_rows=()) -> dict:
+def _report(args, chips, gut, rows, s, model=None, base_rows=()) -> dict:
     import torch
     return {"tool": "hal bench comm", "op": args.op, "uneven": args.uneven, "backend": args.backend,
             "dtype": args.dtype,
@@ -306,7 +346,7 @@ def _report(args, chips, gut, rows, s, stages=None, base_rows=()) -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "host": socket.gethostname(), "cpu_count": os.cpu_count(),
             "rows": [r.as_dict() for r in rows], "summary": s,
-            "stages": [st.as_dict() for st in stages] if stages else None,
+            "link_model": model,
             "baseline": args.baseline, "baseline_rows": [r.as_dict() for r in base_rows]}
 
 
