@@ -10,6 +10,7 @@ from hal.ccl_bridge.ccl import Ccl, _bits, _unbits
 from hal.ccl_bridge.config import BridgeConfig
 from hal.ccl_bridge.reduction import local_reduce, reduce_spec
 from hal.ccl_bridge.topology import RankIdentity, build_topology
+from hal.contract.compat import premul_sum
 from hal import CapabilityMatrix, NotSupportedError
 from hal.emulation.emulate import cpu_fabric_capabilities
 
@@ -100,7 +101,7 @@ def test_config_from_env_and_errors():
 
 def test_reduce_specs():
     assert reduce_spec(dist.ReduceOp.AVG, torch.float32).average
-    s = reduce_spec(dist.ReduceOp.PREMUL_SUM(0.5), torch.bfloat16)
+    s = reduce_spec(premul_sum(0.5), torch.bfloat16)
     assert (s.inner, s.premul) == ("sum", 0.5)
     assert reduce_spec(dist.ReduceOp.PRODUCT, torch.int8).inner == "product"
     with pytest.raises(NotSupportedError, match="avg on int64"):

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore
 
 import hal
+from hal.contract.compat import register_backend
 from hal.emulation.emulate import cpu_fabric_capabilities
 
 from .ccl import Ccl
@@ -155,7 +156,7 @@ def register() -> None:
     the default backend of any device type (the map is restored for types it would newly claim)."""
     devices = sorted(_known_device_types())
     before = dict(dist.Backend.default_device_backend_map)
-    dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=devices)
+    register_backend(BACKEND, create, extended_api=True, devices=devices)  # torch 2.5 asserts on a second one
     for d in devices:
         if d not in before:
             dist.Backend.default_device_backend_map.pop(d, None)

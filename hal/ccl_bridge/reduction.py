@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from hal.contract.capabilities import REDUCE_OPS, TORCH_REDUCE_OPS, dtype_name
+from hal.contract.compat import premul_factor
 from hal.contract.errors import NotSupportedError
 
 _OPS = {name.upper(): name for name in REDUCE_OPS}  # torch's RedOpType name -> hal's reduce-op name
@@ -74,7 +75,7 @@ def reduce_spec(op, dtype: torch.dtype) -> ReduceSpec:
     if name == "avg":
         return ReduceSpec(name, "sum", average=True)
     if name == "premul_sum":
-        factor = getattr(op, "factor", None)
+        factor = premul_factor(op)  # .factor from torch 2.6; 2.5 keeps it in the pickled state
         if isinstance(factor, torch.Tensor):
             factor = float(factor.item())
         if factor is None:

@@ -12,6 +12,16 @@ release notes and sources (v2.5.1 and v2.13.0 tags):
   nothing to bridge at our floor; `dtensor()` still returns the module so callers do not care.
 - The accelerator API (`torch.accelerator.current_accelerator()`) appeared in 2.6; before it a
   process asks torch.cuda / torch.xpu / torch.npu itself (`current_accelerator_type`).
+- `dist.ReduceOp.PREMUL_SUM(factor)` is not callable in 2.5 and a PREMUL_SUM op has no `.factor`
+  there (`premul_sum`, `premul_factor`: `dist._make_nccl_premul_sum` and the op's pickled state).
+- `dist.Backend.register_backend` asserts on a name it already knows in 2.5 (a second registration,
+  or `nccl`, built in); 2.13 re-registers, and never takes a device type another backend serves
+  (`register_backend` gives 2.13's behaviour on both).
+- ProcessGroupGloo on 2.5 lacks list `reduce_scatter` and `alltoall`, AVG, every reduce op but SUM
+  in `_reduce_scatter_base` (measured: `gloo_measured_file`). The HAL's gloo
+  group (hal.emulation.gloo_group) runs those through fallbacks (hal.emulation.gloo_fallback) chosen
+  by the matrix measured on the installed torch, so what hal/data/gloo_capabilities.json declares
+  holds on every supported torch.
 
 Nothing here imports torch at module import (`hal.sdk` promises that); every function imports it
 when called. `torch_problem(...)` is what a plugin calls to refuse, with one line, a torch its
@@ -57,6 +67,73 @@ def check_torch_floor() -> None:
     problem = torch_problem("the HAL", TORCH_FLOOR, source="pip install 'torch>=2.5'")
     if problem:
         raise TorchVersionError(problem)
+
+
+def premul_sum(factor: Any) -> Any:
+    """`ReduceOp.PREMUL_SUM(factor)` (a float or a 1-element tensor): callable from torch 2.6; on 2.5
+    through `dist._make_nccl_premul_sum`, the function 2.5's own FSDP2 uses."""
+    import torch.distributed as dist
+    make = dist.ReduceOp.PREMUL_SUM
+    return make(factor) if callable(make) else dist._make_nccl_premul_sum(factor)
+
+
+def premul_factor(op: Any) -> Any:
+    """The factor of a PREMUL_SUM `ReduceOp` (float or tensor), or None (another op, or none given):
+    `.factor` where torch exposes it (2.6+), else the op's pickled state (op, factor) as in 2.5."""
+    import torch.distributed as dist
+    if getattr(op, "op", op) != dist.ReduceOp.PREMUL_SUM:
+        return None  # 2.13's .factor raises on any other op
+    factor = getattr(op, "factor", None)
+    if factor is None and hasattr(op, "__getstate__"):
+        state = op.__getstate__()
+        if isinstance(state, tuple) and len(state) == 2:
+            factor = state[1]
+    return factor
+
+
+def register_backend(name: str, func: Any, extended_api: bool = False, devices: Optional[list] = None) -> None:
+    """`dist.Backend.register_backend` with torch 2.13's semantics on every supported torch: a name it
+    already knows (registered before, or built in like `nccl`) is registered again instead of failing
+    2.5's assertion, and a device type another backend already serves keeps that backend (2.5 gave
+    every listed device type other than cpu and cuda to the newcomer)."""
+    import torch.distributed as dist
+    backend = dist.Backend
+    before = dict(backend.default_device_backend_map)
+    try:
+        backend.register_backend(name, func, extended_api=extended_api, devices=devices)
+    except AssertionError:  # torch < 2.6: "... c10d backend (creator function) already exist"
+        backend._plugins.pop(name.upper(), None)
+        known = getattr(backend, name.upper(), None)
+        if known is not None:
+            delattr(backend, name.upper())  # set again to name.lower() by register_backend
+        try:
+            backend.register_backend(name, func, extended_api=extended_api, devices=devices)
+        except BaseException:
+            if known is not None and not hasattr(backend, name.upper()):
+                setattr(backend, name.upper(), known)
+            raise
+        while backend.backend_list.count(name.lower()) > 1:
+            backend.backend_list.remove(name.lower())
+    for device, owner in before.items():
+        if owner != "fake":
+            backend.default_device_backend_map[device] = owner
+
+
+# ProcessGroupGloo's support, measured per torch by `python -m hal_cpu.measure_capabilities --backend
+# gloo` (newest first): (torch it was measured on, file in hal/data).
+GLOO_MEASURED = (((2, 13), "gloo_capabilities.json"), ((2, 5), "gloo_capabilities_torch2.5.json"))
+
+
+def gloo_measured_file(version: Optional[str] = None) -> str:
+    """The hal/data file holding what this torch's own ProcessGroupGloo supports: the one measured on
+    the newest torch not newer than it (a torch between two measurements gets the older one, so a
+    combination is only called native where it was seen to work on a torch at least as old)."""
+    import torch
+    have = parse_version(version or torch.__version__)[:2]
+    for measured, name in GLOO_MEASURED:
+        if have >= measured:
+            return name
+    return GLOO_MEASURED[-1][1]
 
 
 def fsdp() -> Any:

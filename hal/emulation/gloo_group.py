@@ -20,7 +20,9 @@ It also refuses, before calling gloo, a collective x dtype x reduce op that gloo
 `hal.NotSupportedError` naming collective, dtype, op and rank, where gloo itself raises untyped
 RuntimeErrors ("Invalid scalar type", "Cannot use ReduceOp.PREMUL_SUM with Gloo") or fails only at
 `wait()` (AVG on integers): an undeclared combination raises a typed error (the contract of
-`hal_collective_capabilities`). The check is one set lookup per call.
+`hal_collective_capabilities`). The check is one set lookup per call. A declared combination that
+the installed torch's own gloo lacks (torch 2.5: hal.emulation.gloo_fallback lists them) runs through
+that module's fallback, so the declaration holds on every supported torch.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import torch.distributed as dist
 
 from hal.contract.capabilities import reduce_op_name
 from hal.contract.errors import NotSupportedError
+from hal.emulation import gloo_fallback
 from hal.emulation.cpu_fabric import cpu_fabric_capabilities
 from hal.emulation.named_group import NamedProcessGroup
 
@@ -143,11 +146,13 @@ class _StagedWork(dist.Work):
         return self._inner.get_future().then(done)
 
 
-_VERDICTS: dict = {}  # (collective, dtype, RedOpType or None) -> None (supported) or what is not
+_VERDICTS: dict = {}  # (collective, dtype, RedOpType or None) -> None (native), _FALLBACK, or what is not
+_FALLBACK = object()
 
 
-def _check_supported(pg: "StridedSafeGloo", coll: str, args: tuple) -> None:
-    """Refuse what gloo does not support (see the module docstring) with a typed error. Verdicts are
+def _check_supported(pg: "StridedSafeGloo", coll: str, args: tuple) -> bool:
+    """Refuse what gloo does not support (see the module docstring) with a typed error; True when the
+    installed torch's gloo lacks a declared combination (run it through gloo_fallback). Verdicts are
     cached per (collective, dtype, op): a dict lookup per call after the first."""
     a0 = args[0] if args else None
     if type(a0) is list and a0 and type(a0[0]) is torch.Tensor:  # the common [tensor, ...] form
@@ -155,7 +160,7 @@ def _check_supported(pg: "StridedSafeGloo", coll: str, args: tuple) -> None:
     else:
         tensor = next((t for a in args for t in _tensors(a)), None)
         if tensor is None:
-            return
+            return False
     redop = None
     if coll in _REDUCING:
         last = args[-1]
@@ -167,11 +172,16 @@ def _check_supported(pg: "StridedSafeGloo", coll: str, args: tuple) -> None:
         dtype = str(tensor.dtype).removeprefix("torch.")
         op = reduce_op_name(redop) if redop is not None else "-"
         what = None if (coll, dtype, op) in _supported() else f"dtype {dtype}" + (f", op {op}" if op != "-" else "")
+        if what is None and (coll, dtype, op) not in gloo_fallback.native_entries():
+            what = _FALLBACK
         _VERDICTS[key] = what
+    if what is _FALLBACK:
+        return True
     if what is not None:
         raise NotSupportedError(f"gloo {coll} on rank {pg.rank()} of {pg.size()}: {what} is not supported by torch "
                                 f"{torch.__version__}'s ProcessGroupGloo (hal/data/gloo_capabilities.json, "
                                 f"measured by `python -m hal_cpu.measure_capabilities --backend gloo`)")
+    return False
 
 
 def _forward(name: str, writes_first: bool = True):
@@ -179,7 +189,8 @@ def _forward(name: str, writes_first: bool = True):
     coll = _COLLECTIVE[name]
 
     def method(self: "StridedSafeGloo", *args: Any) -> dist.Work:
-        _check_supported(self, coll, args)
+        if _check_supported(self, coll, args):
+            return gloo_fallback.run(self, name, args)
         inner = getattr(self._gloo, name)
         if not _needs_staging(args):
             return inner(*args)
