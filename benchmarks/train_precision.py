@@ -1,8 +1,9 @@
 """bf16 vs fp32 training on timed emulation: tokens/s and peak memory per rank, next to what the chip
 catalog's fp32 and bf16 figures predict.
 
-    python -m benchmarks.train_precision [--emulate cuda:2,ascend:2] [--steps 6] [--repeats 3]
-                                        [--hidden 256 --layers 4 --seq 128 --batch 8] [--scale 3e5]
+    python -m benchmarks.train_precision [--emulate cuda:2,ascend:2] [--steps 4] [--repeats 2]
+                                        [--hidden 2048 --layers 1 --seq 256 --batch 8] [--scale 2e4]
+                                        [--timed-dtype ascend:float32=bfloat16] [--threads 1]
 
 Every chip is EMULATED on this host's CPU with TIMED emulation (HAL_EMULATE_TIMED=1, hal.emulation.timed:
 each op is charged to a virtual clock from its FLOPs and bytes at the chip's catalog speed x the time
@@ -14,16 +15,22 @@ measured on the rank (median over repeats):
   state  bytes of parameter, gradient and AdamW-state storage it holds after a step (before zero_grad)
   saved  bytes of the tensors autograd saved for backward during one step (saved_tensors_hooks, each
          storage once: the activations; one micro-batch, so all of them are alive at once)
-Prediction from the catalog (hal/data/catalog/*.toml): a compute-bound step scales with 1 / peak FLOP/s
-of the dtype, so bf16/fp32 tokens/s = peak_bf16 / peak_fp32 per chip kind where both are known.
-Timed emulation charges every op at ONE dtype (HAL_EMULATE_TIMED_DTYPE, default bfloat16) whatever the
-op's own dtype (hal/emulation/timed_cost.py: chip_speeds(chip, dtype)), bytes at the tensors' real
-sizes, so it cannot show the catalog's fp32/bf16 ratio; the script prints both and says which it saw.
+Timed emulation charges each op at the rate of the dtype it computes in (hal/emulation/timed_cost.py:
+`Speeds.rates`, peak(dtype) x the efficiency matrix's best fraction), bytes at the tensors' real sizes.
+A chip whose catalog has no float32 figure (the 910B2) refuses float32 ops, so the fp32 run needs an
+explicit re-mapping, `--timed-dtype` (HAL_EMULATE_TIMED_DTYPE; default 'ascend:float32=bfloat16': the
+910B2's float32 matmuls at its bf16 Cube rate, an assumption printed with the figures).
+Prediction from the catalog (hal/data/catalog/*.toml): a compute-bound step scales with 1 / FLOP/s of the
+dtype, so per chip kind bf16/fp32 tokens/s = peak_bf16 / peak_fp32; for the cluster (Plan.even: every
+rank the same rows, the step waits for the slowest) = max over ranks of 1 / F_fp32 over max of 1 / F_bf16,
+F the rate each rank's clock charges. Each rank's `compute share` = its FLOPs / F(dtype) over its clock's
+busy time (1.0: every charged second was matmul compute; the rest is bytes-bound ops).
 Never pass/fail.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -49,7 +56,7 @@ def rank_run(config: dict) -> dict:
 
     from hal.trainer.config import TrainConfig
     from hal.trainer.trainer import Trainer
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     t = Trainer(TrainConfig(**config), report=False)
     seen: set = set()
     saved = [0]
@@ -82,12 +89,24 @@ def rank_run(config: dict) -> dict:
             return first(step)
 
     t.train_step = train_step
+    from hal.emulation import timed
+    clock = timed.active_clock()
+    if clock is not None:
+        clock.reset_stats()
     t.train()
     out = {"rank": t.rank, "chip": t.chips[t.rank]["chip"], "dtype": t.chips[t.rank]["dtype"],
-           "state": state[0], "saved": saved[0]}
+           "state": state[0], "saved": saved[0], "compute_share": _compute_share(clock, t.chips[t.rank]["dtype"])}
     if t.rank == 0:
         out.update(t.metrics.summary())
     return out
+
+
+def _compute_share(clock, dtype: str) -> float:
+    """FLOPs / F(dtype) over the clock's busy seconds since reset (NaN without timed emulation)."""
+    if clock is None:
+        return float("nan")
+    st = clock.stats()
+    return st["flops"] / clock.speeds.flops_for(dtype) / st["busy_s"] if st["busy_s"] else float("nan")
 
 
 def _state_bytes(params, opt) -> int:
@@ -107,28 +126,42 @@ def _state_bytes(params, opt) -> int:
     return total
 
 
-def _prediction(chips: list[str]) -> list[str]:
+def _prediction(emulate: str, remap: str) -> list[str]:
+    """What the catalog predicts for a compute-bound step: per chip kind, and for the cluster under Plan.even."""
     from hal.core import catalog
-    lines = []
-    for chip in dict.fromkeys(chips):
+    from hal.emulation import timed
+    from hal.emulation.emulate import emulated_ranks
+    lines, slowest = [], {"float32": 0.0, "bfloat16": 0.0}
+    for chip in emulated_ranks(emulate) or []:
         prof = catalog.default(chip)
+        sp = timed.chip_speeds(prof, None, 1.0, charge_as=timed.charge_plan(remap, chip, prof.model)[1])
+        for d in slowest:
+            slowest[d] = max(slowest[d], 1.0 / sp.flops_for(d, "matmul"))
+        if any(line.startswith(f"  {chip} ") for line in lines):
+            continue
         bf, fp = prof.peak("bfloat16"), prof.peak("float32")
-        ratio = f"{bf / fp:.1f}x" if bf and fp else "no prediction (fp32 peak unknown in the catalog)"
-        lines.append(f"  {chip} ({prof.model}): peak bf16 {bf / 1e12 if bf else float('nan'):.1f} TFLOP/s, fp32 "
-                     f"{fp / 1e12 if fp else float('nan'):.1f} TFLOP/s -> bf16/fp32 tokens/s {ratio}")
+        ratio = f"{bf / fp:.1f}x" if bf and fp else "none (fp32 peak unknown in the catalog)"
+        lines.append(f"  {chip} ({prof.model}): catalog peak bf16 {bf / 1e12 if bf else float('nan'):.1f} TFLOP/s, "
+                     f"fp32 {fp / 1e12 if fp else float('nan'):.1f} TFLOP/s -> bf16/fp32 tokens/s {ratio}; charged "
+                     f"F bf16 {sp.flops_for('bfloat16') / 1e12:.1f}, fp32 {sp.flops_for('float32') / 1e12:.1f} "
+                     f"TFLOP/s ({sp.source.split('; ')[-1] if remap and 'charged as' in sp.source else 'no re-mapping'})")
+    lines.append(f"  cluster {emulate}, Plan.even, compute-bound: slowest rank fp32 / slowest rank bf16 = "
+                 f"{slowest['float32'] / slowest['bfloat16']:.2f}x")
     return lines
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--emulate", default="cuda:2,ascend:2")
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--seq", type=int, default=256)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--scale", type=float, default=3e5, help="HAL_EMULATE_TIME_SCALE")
+    p.add_argument("--scale", type=float, default=2e4, help="HAL_EMULATE_TIME_SCALE")
+    p.add_argument("--timed-dtype", default="ascend:float32=bfloat16", help="HAL_EMULATE_TIMED_DTYPE")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     a = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from benchmarks.train_precision import rank_run as fn  # by module path: the workers import it
@@ -136,7 +169,7 @@ def main(argv=None) -> int:
     from hal.testing import WorkerPool
     world = len(emulated_ranks(a.emulate) or [])
     env = {"HAL_EMULATE": a.emulate, "HAL_EMULATE_TIMED": "1", "HAL_EMULATE_TIME_SCALE": str(a.scale),
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": str(a.threads), "HAL_EMULATE_TIMED_DTYPE": a.timed_dtype}
     runs: dict[str, list[list[dict]]] = {"fp32": [], "bf16": []}
     with tempfile.TemporaryDirectory() as tmp, WorkerPool(world, env=env) as pool:
         for rep in range(a.repeats):
@@ -144,24 +177,26 @@ def main(argv=None) -> int:
                 cfg = _config(f"{tmp}/{prec}-{rep}", prec, a)
                 runs[prec].append(pool.run(fn, cfg, timeout=1800))
     print(f"hal train, timed emulation ({a.emulate}, every chip EMULATED on this host's CPU, time scale "
-          f"{a.scale:g}; hidden {a.hidden}, {a.layers} layers, seq {a.seq}, global batch {a.batch}, Plan.even "
-          f"ZeRO-2; {a.steps} steps x {a.repeats} repeats, medians)")
+          f"{a.scale:g}; HAL_EMULATE_TIMED_DTYPE={a.timed_dtype!r}; hidden {a.hidden}, {a.layers} layers, seq "
+          f"{a.seq}, global batch {a.batch}, Plan.even ZeRO-2; {a.steps} steps x {a.repeats} repeats, medians; "
+          f"host load {' '.join(f'{x:.1f}' for x in os.getloadavg())})")
     med = statistics.median
     tps = {prec: med(r[0]["tokens_per_s_median"] for r in reps) for prec, reps in runs.items()}
     over = {prec: med(r[0].get("overruns", 0) for r in reps) for prec, reps in runs.items()}
+    share = {prec: med(r[0].get("overrun_share", 0.0) for r in reps) for prec, reps in runs.items()}
     for prec, reps in runs.items():
         each = ", ".join(f"{r[0]['tokens_per_s_median']:,.1f}" for r in reps)
-        print(f"  {prec}: {tps[prec]:,.1f} tokens/s (repeats: {each}; timed-emulation overruns {over[prec]:g})")
+        print(f"  {prec}: {tps[prec]:,.1f} tokens/s (repeats: {each}; timed-emulation overruns {over[prec]:g}, "
+              f"host-bound share of the measured steps' compute time {share[prec]:.1%})")
         for rank in range(world):
-            st, sv = (med(r[rank][k] for r in reps) for k in ("state", "saved"))
+            st, sv, cs = (med(r[rank][k] for r in reps) for k in ("state", "saved", "compute_share"))
             info = reps[0][rank]
-            print(f"    rank {rank} {info['chip']:6s} {info['dtype']:8s} peak state {st / 2**20:7.2f} MiB  "
-                  f"saved activations {sv / 2**20:7.2f} MiB  total {(st + sv) / 2**20:7.2f} MiB")
+            print(f"    rank {rank} {info['chip']:6s} {info['dtype']:8s} peak state {st / 2**20:8.2f} MiB  "
+                  f"saved activations {sv / 2**20:8.2f} MiB  total {(st + sv) / 2**20:8.2f} MiB  "
+                  f"compute share {cs:.2f}")
     print(f"  measured bf16/fp32 tokens/s: {tps['bf16'] / tps['fp32']:.2f}x")
-    print("  catalog prediction for a compute-bound step:")
-    print("\n".join(_prediction([c.split(":")[0] for c in a.emulate.split(",")])))
-    print("  timed emulation charges every op at HAL_EMULATE_TIMED_DTYPE (one dtype) whatever the op's dtype, so "
-          "it predicts ~1x for compute-bound steps; bytes are charged at the tensors' real sizes")
+    print("  catalog prediction for a compute-bound step (each op charged at its dtype's rate):")
+    print("\n".join(_prediction(a.emulate, a.timed_dtype)))
     return 0
 
 
