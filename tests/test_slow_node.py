@@ -5,7 +5,8 @@ strictly by the config; the re-plan gives a slow replica fewer rows; and on an e
 with TIMED emulation (every chip EMULATED on CPU; hal.emulation.timed charges each op at the chip's speed) the
 checks of `hal train` name the throttled rank (a cuda rank slowed x4) as a slow NODE and not as a slow
 link, the link-delayed rank (an ascend rank whose every collective submission sleeps 0.1 s) as a slow
-LINK across the bridge and not as a slow node, and nothing on a healthy run. Outside torchrun the
+LINK across the bridge and not as a slow node (each run is the other check's healthy case: the
+throttled run names no slow link, the link-delayed run no slow node and no re-plan). Outside torchrun the
 mid-run re-plan is only recommended (replan.json written, training goes on); the restart itself is
 tests/test_slow_node_replan.py. The time scale is low (5e4: the host is often slower than the chips,
 which the compute detector does not see: it reads the chips' device time) to keep the module short."""
@@ -141,12 +142,7 @@ def test_slow_node_names_the_throttled_rank(pool, tmp_path):
     assert rec["ranks"] == [1] and rec["why"] == "not under torchrun"
     assert rec["rows_after"]["1"] < rec["rows_before"]["1"]
     assert s["replans"] == [] and s["end_step"] == 6 and s["rank_rows"] == [2, 2, 2, 2]
-
-    pool.run(_slow_node_cases.run, _config(tmp_path / "calm"), timeout=240)
-    calm = json.loads((tmp_path / "calm" / "summary.json").read_text())
-    assert calm["slow_nodes"] == [] and calm["throttled"] == [] and "replan" not in calm
-    assert calm["slow_links"] == [] and calm["link_delayed"] == [] and calm["replan_recommended"] == []
-    assert calm["link_measure"]["measured"] is True
+    assert s["link_delayed"] == [] and s["link_measure"]["measured"] is True
 
 
 def test_slow_link_names_the_delayed_rank(pool, tmp_path):
@@ -160,6 +156,9 @@ def test_slow_link_names_the_delayed_rank(pool, tmp_path):
     f = s["slow_links"][0]
     assert f["chip"] == "ascend" and f["excess_s"] > 0.1 and f["peers_issue_s"] < 0.05
     assert f["link"]["across_bridge"] and f["link"]["group"] == [0, 1, 2, 3], f["link"]
-    assert s["slow_nodes"] == [], s["slow_nodes"]
+    # no healthy chip is named a slow node, and so nothing is re-planned (each check's "no one" on a healthy
+    # part of the cluster: the compute check here, the link check in the throttled run above)
+    assert s["slow_nodes"] == [] and s["throttled"] == [], s["slow_nodes"]
+    assert "replan" not in s and s["replan_recommended"] == [] and s["link_measure"]["measured"] is True
     recs = [json.loads(x) for x in (tmp_path / "l" / "metrics.jsonl").read_text().splitlines()]
     assert all(len(r["rank_link_issue_s"]) == 4 for r in recs) and "slow_link_ranks" in recs[-1]

@@ -1,11 +1,13 @@
 """`hal train` (hal/trainer/): config errors name the field and value; the byte corpus is a pure function
 of (seed, step) and the plan's rows cover each global batch once; on an emulated 2 cuda + 2 ascend
 cluster (every chip EMULATED on CPU, training collectives over the `hetero` bridge) a short run of
-the tiny GPT on the Python standard library lowers validation loss well below uniform bytes
-(ln 256 = 5.55 nats), a repeat with the same seed and plan is bit-identical (every rank's final
-parameters, SHA-256 over their bytes, and the loss trace; the GPT with PP x DP and the MoE with EP, here
-on 2+2, and on 2+1+1 in tests/test_trainer_metrics.py), and stopping at step k then resuming from the
-DCP checkpoint gives bitwise the parameters of an uninterrupted run."""
+the tiny GPT (PP 2 x DP 2) on the Python standard library lowers validation loss well below uniform bytes
+(ln 256 = 5.55 nats) and writes metrics.jsonl and TensorBoard events that agree.
+
+Proven once elsewhere on warm ranks rather than repeated here (each run is a whole run on 4 ranks):
+the bitwise repeat and resume of this same GPT PP 2 x DP 2 run on 2+2, and the loader position saved with
+a checkpoint, are tests/test_trainer_resume.py; the MoE with EP lowering loss, repeating bitwise and each
+EP rank holding other experts is tests/test_trainer_metrics.py (on 2+1+1)."""
 from __future__ import annotations
 
 import json
@@ -25,18 +27,18 @@ from . import _train_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 EMULATE = "cuda:2,ascend:2"
-STEPS, STOP = 40, 20
+STEPS = 12  # lr 1e-2: validation loss ~3.7 by step 12 (single-process replay: 3.69; bar 4.55)
 
 
 def _config(run_dir: Path, **extra) -> dict:
     cfg = {"seed": 3, "steps": STEPS, "global_batch": 8, "backend": "hetero", "timeout_s": 60,
            "model": {"path": str(ROOT / "examples/models/tiny.toml"), "overrides": {"vocab": 256, "seq": 32}},
            "data": {"max_bytes": 1 << 20},
-           "optimizer": {"lr": 3e-3, "warmup_steps": 5},
+           "optimizer": {"lr": 1e-2, "warmup_steps": 2},
            # 2 pipeline stages (cuda ranks 0,1 | ascend ranks 2,3) x 2 DP replicas, 2 micro-batches
            "plan": {"source": "even", "pp": 2, "num_microbatches": 2},
-           "checkpoint": {"interval": 10},
-           "log": {"dir": str(run_dir), "val_interval": 20, "val_batches": 2}}
+           "checkpoint": {"enabled": False},  # checkpoints and resume: tests/test_trainer_resume.py
+           "log": {"dir": str(run_dir), "val_interval": 6, "val_batches": 2}}
     cfg.update(extra)
     return cfg
 
@@ -46,7 +48,7 @@ def test_config_errors_name_field_and_value(tmp_path):
         TrainConfig(**_config(tmp_path, optimizer={"lr": -1}))
     with pytest.raises(TrainConfigError, match=r"plan\.file = None"):
         TrainConfig(**_config(tmp_path, plan={"source": "file"}))
-    with pytest.raises(TrainConfigError, match=r"stop_after = 50: exceeds steps = 40"):
+    with pytest.raises(TrainConfigError, match=rf"stop_after = 50: exceeds steps = {STEPS}"):
         TrainConfig(**_config(tmp_path, stop_after=50))
     with pytest.raises(TrainConfigError, match=r"model\.overrides\.hidden = 30"):
         TrainConfig(**_config(tmp_path, model={"path": str(ROOT / "examples/models/tiny.toml"),
@@ -58,8 +60,8 @@ def test_config_errors_name_field_and_value(tmp_path):
 
 
 def test_lr_schedule_warmup_then_cosine(tmp_path):
-    cfg = TrainConfig(**_config(tmp_path))
-    lrs = [cfg.lr_at(s) for s in range(STEPS)]
+    cfg = TrainConfig(**_config(tmp_path, steps=40, optimizer={"lr": 3e-3, "warmup_steps": 5}))
+    lrs = [cfg.lr_at(s) for s in range(40)]
     assert lrs[0] == pytest.approx(3e-3 / 5) and lrs[4] == pytest.approx(3e-3)
     assert all(a >= b for a, b in zip(lrs[4:], lrs[5:]))  # non-increasing after warmup
     assert lrs[-1] >= 3e-4 and lrs[-1] < 3e-3 * 0.2
@@ -127,8 +129,8 @@ def _run(pool, config: dict) -> list[dict]:
     return pool.run(_train_cases.run, config, timeout=240)
 
 
-def test_train_lowers_loss_repeats_bitwise_and_resumes_bitwise(pool, tmp_path):
-    log_a = {"dir": str(tmp_path / "a"), "val_interval": 20, "val_batches": 2, "tensorboard": True}
+def test_train_lowers_loss_and_writes_metrics_and_tensorboard(pool, tmp_path):
+    log_a = {"dir": str(tmp_path / "a"), "val_interval": 6, "val_batches": 2, "tensorboard": True}
     a = _run(pool, _config(tmp_path / "a", log=log_a))  # run a also writes TensorBoard event files
     assert [r["chip"] for r in a] == ["cuda", "cuda", "ascend", "ascend"]
     val = a[0]["final_val_loss"]
@@ -138,37 +140,11 @@ def test_train_lowers_loss_repeats_bitwise_and_resumes_bitwise(pool, tmp_path):
     assert summary["final_val_loss"] == val and [c["chip"] for c in summary["chips"]] == ["cuda", "cuda", "ascend", "ascend"]
     lines = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(1, STEPS + 1)) and len(lines[0]["rank_step_s"]) == 4
+    assert [x["loss"] for x in lines] == a[0]["losses"]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = EventAccumulator(str(tmp_path / "a" / "tensorboard"))  # the same scalars, read back
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(x["step"], pytest.approx(x["loss"]))
                                                                          for x in lines]
-    assert [e.step for e in events.Scalars("val/loss")] == [20, STEPS] and "rank_step_s/r3_ascend" in \
+    assert [e.step for e in events.Scalars("val/loss")] == [6, STEPS] and "rank_step_s/r3_ascend" in \
         events.Tags()["scalars"]
-
-    b = _run(pool, _config(tmp_path / "b"))  # the same seed and plan: bit-identical
-    assert [r["losses"] for r in b] == [r["losses"] for r in a]
-    assert [r["digest"] for r in b] == [r["digest"] for r in a]
-
-    c1 = _run(pool, _config(tmp_path / "c", stop_after=STOP))  # stopped at step k ...
-    assert c1[0]["end"] == STOP and c1[0]["digest"] != a[0]["digest"]
-    position = json.loads((tmp_path / "c" / "checkpoints" / f"step_{STOP:08d}" / "data.json").read_text())
-    assert position["sequences"] == STOP * 8 and position["tokenizer"] == "bytes"  # the loader's, with the checkpoint
-    c2 = _run(pool, _config(tmp_path / "c"))  # ... resumed from its checkpoint to step n (and its data position)
-    assert [r["start"] for r in c2] == [STOP] * 4
-    assert [r["losses"] for r in c2] == [r["losses"][STOP:] for r in a]
-    assert [r["digest"] for r in c2] == [r["digest"] for r in a]
-
-
-def test_train_moe_with_expert_parallel_lowers_loss_and_repeats_bitwise(pool, tmp_path):
-    moe = {"path": str(ROOT / "examples/models/tiny-moe.toml"), "overrides": {"vocab": 256, "seq": 32}}
-
-    def cfg(name):
-        return _config(tmp_path / name, model=moe, plan={"source": "even", "ep": True}, checkpoint={"enabled": False})
-    out = _run(pool, cfg("moe"))
-    val = out[0]["final_val_loss"]
-    assert val < math.log(256) - 1.0, f"MoE validation loss {val:.3f} not well below ln 256"
-    assert len({r["digest"] for r in out}) == 4  # each EP rank holds different experts
-    again = _run(pool, cfg("moe2"))  # the same seed and plan: bit-identical final parameters and losses
-    assert [r["digest"] for r in again] == [r["digest"] for r in out]
-    assert [r["losses"] for r in again] == [r["losses"] for r in out]

@@ -2,9 +2,10 @@
 formula, the config a --measure-parts run writes reads back as the same config, a cluster spec is
 split into one-sub-cluster specs the launcher accepts, efficiency from the parts' summaries, the PNG
 plots; and on an emulated 2 cuda + 1 kunlun + 1 ascend cluster (every chip
-EMULATED on CPU, collectives over the `hetero` bridge): the GPT and the MoE model lower validation
-loss well below ln 256, both runs repeat bit-identically (final parameters, loss trace), every step's
-JSONL record carries the per-rank and per-chip figures, and step 1's gradient norm equals the
+EMULATED on CPU, collectives over the `hetero` bridge): the GPT and the MoE model (EP: each rank holds
+other experts) lower validation loss well below ln 256, the MoE run repeats bit-identically (final
+parameters, loss trace, grad norms; the GPT's bitwise repeat is tests/test_trainer_resume.py's), every
+step's JSONL record carries the per-rank and per-chip figures, and step 1's gradient norm equals the
 single-process model's. The step's split into compute / communication / pipeline bubble is MEASURED
 (hal.emulation.timed's timeline attributes the chip's idle time to the p2p op or collective it waited for; a
 fake clock checks that), and a short TIMED run shows it: a 2-stage pipeline has a bubble on every
@@ -27,17 +28,17 @@ from . import _metrics_cases, _split_cases
 ROOT = Path(__file__).resolve().parent.parent
 EMULATE = "cuda:2,kunlun:1,ascend:1"
 CHIPS = ["cuda", "cuda", "kunlun", "ascend"]
-STEPS = 40
+STEPS = 12  # lr 1e-2: validation loss ~3.7 by step 12 (single-process replay: GPT 3.69, MoE 3.68)
 
 
 def _config(run_dir: Path, **extra) -> dict:
     cfg = {"seed": 5, "steps": STEPS, "global_batch": 8, "backend": "hetero", "timeout_s": 60,
            "model": {"path": str(ROOT / "examples/models/tiny.toml"), "overrides": {"vocab": 256, "seq": 32}},
            "data": {"max_bytes": 1 << 20},
-           "optimizer": {"lr": 3e-3, "warmup_steps": 5},
+           "optimizer": {"lr": 1e-2, "warmup_steps": 2},
            "plan": {"source": "even"},
            "checkpoint": {"enabled": False},
-           "log": {"dir": str(run_dir), "val_interval": 20, "val_batches": 2}}
+           "log": {"dir": str(run_dir), "val_interval": 6, "val_batches": 2}}
     cfg.update(extra)
     return cfg
 
@@ -229,11 +230,7 @@ def test_gpt_on_2_1_1_metrics_and_grad_norm(pool, tmp_path):
     assert all((tmp_path / "gpt" / n).is_file()
                for n in ("loss.png", "rank_step_time.png", "tokens_per_chip.png", "rank_time_split.png"))
     assert len(s["rank_bubble_share_median"]) == 4 and "blocked in pipeline receives" in s["split_measure"]
-    # the same seed and plan again: bit-identical (final parameters of every rank, loss trace, grad norms)
-    again = _run(pool, _config(tmp_path / "gpt2", plan={"source": "even", "pp": 2, "num_microbatches": 2}))
-    assert [x["digest"] for x in again] == [x["digest"] for x in out] and len({x["digest"] for x in out}) == 2
-    assert [x["losses"] for x in again] == [x["losses"] for x in out]
-    assert [x["grad_norm"] for x in read_metrics(tmp_path / "gpt2" / "metrics.jsonl")] == [x["grad_norm"] for x in recs]
+    assert len({x["digest"] for x in out}) == 2  # PP 2: one digest per stage, its DP replicas agree
 
 
 def test_moe_on_2_1_1_lowers_loss_and_repeats_bitwise(pool, tmp_path):
@@ -241,6 +238,7 @@ def test_moe_on_2_1_1_lowers_loss_and_repeats_bitwise(pool, tmp_path):
     a = _run(pool, _config(tmp_path / "a", model=moe, plan={"source": "even", "ep": True}))
     val = a[0]["final_val_loss"]
     assert val < math.log(256) - 1.0, f"MoE validation loss {val:.3f} not well below ln 256"
+    assert len({r["digest"] for r in a}) == 4  # each EP rank holds different experts
     b = _run(pool, _config(tmp_path / "b", model=moe, plan={"source": "even", "ep": True}))
     assert [r["losses"] for r in b] == [r["losses"] for r in a]
     assert [r["digest"] for r in b] == [r["digest"] for r in a]
