@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as _c10d
 
 from _stand_in_nccl import FakeProcessGroupNCCL  # top-level: the stand-ins folder is on sys.path
+from hal.contract.compat import register_backend
 
 from . import xpu  # noqa: F401
 
@@ -49,7 +50,9 @@ _SAVED = {"class": getattr(_c10d, "ProcessGroupNCCL", None), "plugin": dist.Back
           "devmap": dict(dist.Backend.default_device_backend_map),
           "capability": list(dist.Backend.backend_capability.get("nccl", []))}
 _c10d.ProcessGroupNCCL = XmlirProcessGroupNCCL
-dist.Backend.register_backend("nccl", _create, extended_api=True, devices=["cuda"])
+# torch 2.5 (what the Kunlun stack ships) asserts on registering `nccl`, a name it builds in; how the
+# closed-source package gets past that is not known, so the stand-in registers as 2.13 does on any torch
+register_backend("nccl", _create, extended_api=True, devices=["cuda"])
 
 
 def _undo() -> None:
