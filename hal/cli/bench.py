@@ -272,7 +272,7 @@ def _rates(args) -> tuple:
     """(NIC, intra) bytes/s from --nic-rate / --intra-rate (None: the catalog's); LaunchError if malformed."""
     from hal.launch.check import LaunchError
     from hal.testbed.spec import parse_rate
-    out = []
+    out: list[Optional[float]] = []
     for flag, text in (("--nic-rate", args.nic_rate), ("--intra-rate", args.intra_rate)):
         if text is None:
             out.append(None)
@@ -280,7 +280,7 @@ def _rates(args) -> tuple:
             out.append(float("inf"))
         else:
             try:
-                out.append(parse_rate(text) / 8)
+                out.append(float(parse_rate(text) or 0.0) / 8)
             except Exception as exc:  # TestbedSpecError: its message names the value
                 raise LaunchError(f"{flag} {text}: {exc}") from None
     return tuple(out)
