@@ -115,7 +115,7 @@ def test_spec_memory_per_sub_cluster_replaces_the_catalog(tmp_path):
 
 
 def test_interleaved_candidates_round_trip_through_plans():
-    # 16 layers on 8 H100s: the search scores Interleaved1F1B (v = 2, 4) beside 1F1B; an interleaved
+    # 16 layers on 8 H100s: the search scores Interleaved1F1B (v = 2, 4, 8) beside 1F1B; an interleaved
     # finalist becomes a plan torch's Interleaved1F1B runs (p v stages round-robin) that checks, and
     # reads back to the same prediction; its bubble is smaller than the same shape's 1F1B
     from hal.strategies.planner import plan_search as S
@@ -125,7 +125,9 @@ def test_interleaved_candidates_round_trip_through_plans():
     facts, node_of = [chip_facts(sc) for sc in topo.sub_clusters], {r: 0 for r in range(8)}
     m = ModelFacts(MID)
     cands = [c for c in S.mixed_candidates(facts, m, 32) if c.layout.virtual > 1]
-    assert cands and {c.layout.virtual for c in cands} == {2, 4}
+    assert cands and {2, 4} <= {c.layout.virtual for c in cands} <= {2, 4, 8}
+    from hal.strategies.planner.search_families import virtual_options
+    assert virtual_options(2, 32, [8, 8]) == [1, 2, 4, 8] and virtual_options(2, 31, [8, 8]) == [1]
     c = min(cands, key=lambda c: c.estimate_s)
     layout = S.materialize(c.layout, node_of)
     plan = to_plan(layout, MID.name)
@@ -135,6 +137,28 @@ def test_interleaved_candidates_round_trip_through_plans():
     assert simulate(from_plan(plan, facts, node_of), m).step_time_s == pytest.approx(sim.step_time_s, rel=1e-9)
     plain = simulate(S.materialize(dataclasses.replace(c.layout, virtual=1), node_of), m)
     assert sim.step_time_s < plain.step_time_s
+
+
+def test_layouts_keep_their_recompute_kind_and_selective_saves_memory_only_with_unfused_attention():
+    # a shape's "none" / "selective" / full reach the simulator as such (materialize once made them
+    # bool(...): "none" and "selective" priced as full); selective costs less than full, more than none;
+    # its memory equals none's with a fused core and is below it when the core keeps its scores
+    from hal.strategies.planner import plan_search as S
+    from hal.strategies.planner.cost import replica_cost
+    from hal.strategies.planner.sim_costs import stage_costs
+    facts, node_of = _facts(("h", "cuda", "H100", 1, 8))
+    f = facts[0]
+    stages = [((0, 8), [S.Group(f, 2, 1, None, 2)]), ((8, 16), [S.Group(f, 2, 1, None, 2)])]
+    for kinds in (["none", "selective"], [False, True]):
+        layout = S.materialize(S.Shape(stages, 4, 0, kinds), node_of)
+        assert [st.recompute for st in layout.stages] == [{"none": False}.get(k, k) for k in kinds]
+    bwd = [stage_costs(S.materialize(S.Shape(stages, 4, 0, [k, k]), node_of), ModelFacts(MID))[0][0].bwd
+           for k in ("none", "selective", True)]
+    assert bwd[0] < bwd[1] < bwd[2]
+    for fused in (True, False):
+        m = ModelFacts(MID, fused_attention=fused)
+        mem = {k: replica_cost(m, f, 2, 8, True, False, 1, k, 0, 2, 2).memory for k in ("none", "selective")}
+        assert (mem["selective"] == mem["none"]) if fused else (mem["selective"] < mem["none"])
 
 
 def test_selective_recompute_recomputes_attention_only_with_the_same_gradients():

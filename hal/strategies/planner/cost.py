@@ -32,6 +32,10 @@ GRAD_BYTES = 4          # fp32 gradients on the wire (reduce in fp32)
 ADAM_TRAFFIC = 28       # bytes read+written per parameter by a fused AdamW step (p, g, m, v fp32)
 ELEMENTWISE_PASSES = 2  # activation bytes are written once and read once by the memory-bound ops
 LOSS_COPIES = 4          # logits, log-softmax, and their gradients (s x vocab fp32 each, per row)
+# an unfused attention core's forward traffic per score element (16-bit): the QK^T GEMM writes the scores
+# (2), the fused scale-mask-softmax reads them and writes the probabilities (4), dropout reads them and
+# writes its output and its 1-byte mask (5), the AV GEMM reads them (2) (Megatron-LM's 2021-22 core)
+SCORE_BYTES = 13
 BRIDGE_STAGING = 2 * 64 * 2**20   # the bridge's preallocated host/device staging slots per rank
 
 
@@ -41,11 +45,21 @@ class ModelFacts:
     Parameters, FLOPs and activation bytes come from `hal.strategies.models.ModelConfig` (one
     definition); activations with `attention="fused"`: torch's SDPA on CUDA/NPU keeps no scores."""
 
-    def __init__(self, cfg, dtype_bytes: int = BF16, op_profile=None, vocab_parallel: bool = False) -> None:
+    def __init__(self, cfg, dtype_bytes: int = BF16, op_profile=None, vocab_parallel: bool = False,
+                 sequence_parallel: bool = False, fused_attention: bool = True) -> None:
         self.cfg = cfg
         # the embedding, head and loss sharded over TP (Megatron-LM's vocab-parallel layers), as a
         # published run laid out by Megatron-LM has them; False: whole on every TP rank, as apply_plan runs
         self.vocab_parallel = vocab_parallel
+        # Megatron-LM's sequence parallelism (Korthikanti et al. 2022): the norms, dropouts and residuals
+        # between the TP regions keep 1/t of the sequence, so every activation a layer keeps is / t
+        # (their 34 s b h / t); False: ModelConfig's 10 s b h of them whole on every TP rank (apply_plan)
+        self.sequence_parallel = sequence_parallel
+        # a flash-style attention kernel (torch's SDPA; FlashAttention, 2022 on): the core at the matrix's
+        # attention fraction, no score tensor kept. False (Megatron-LM before FlashAttention): the core
+        # as two batched GEMMs per head, (s, s, d) and (s, d, s), at the matrix's GEMM fraction, and the
+        # a x s x s score tensor written and read through memory (SCORE_BYTES per element, forward)
+        self.fused_attention = fused_attention
         # an op_profile.OpProfile: price compute op by op (a roofline per op) instead of from totals
         self.op_profile = op_profile
         # bytes per activation element (2: bf16 training; 4: an fp32 run, e.g. emulated on a CPU)
@@ -83,11 +97,15 @@ class ModelFacts:
         """Activation bytes one layer keeps for backward per sample (fused attention: no scores).
         Selective recompute drops only the attention scores, which a fused kernel never keeps, so
         its memory here is that of no recompute (its cost is the attention core's forward again)."""
-        kind = "full" if recompute_kind(recompute) == "full" else "none"
-        key = (tp, kind)
+        rk = recompute_kind(recompute)
+        kind = "full" if rk == "full" else "none"
+        # an unfused core keeps its scores unless selective recompute drops them (Korthikanti et al.)
+        attention = "materialized" if rk == "none" and not self.fused_attention else "fused"
+        key = (tp, kind, attention)
         if key not in self._act:
-            self._act[key] = self.cfg.activation_bytes(1, tp, kind, attention="fused") \
-                * self.dtype_bytes / BF16    # ModelConfig counts 16-bit activations
+            whole = self.cfg.activation_bytes(1, 1, kind, attention=attention) / tp if self.sequence_parallel \
+                else self.cfg.activation_bytes(1, tp, kind, attention=attention)
+            self._act[key] = whole * self.dtype_bytes / BF16    # ModelConfig counts 16-bit activations
         return self._act[key]
 
     def boundary_bytes(self) -> float:
@@ -269,8 +287,11 @@ def _forward_seconds(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, last: 
     if last:
         tokens, vt = m.seq * mb, (tp if m.vocab_parallel else 1)
         secs += m.head_fwd_flops() * mb / vt / _rate(f, tokens, m.vocab / vt, m.hidden)
-    act = m.act_bytes(tp, False) * mb * n_layers
-    return secs, ELEMENTWISE_PASSES * act / f.memory_bw, n_layers * attn
+    # the layer's activations without a score tensor ("selective" keeps none), written and read once
+    act = ELEMENTWISE_PASSES * m.act_bytes(tp, "selective") * mb * n_layers
+    if not m.fused_attention:      # the score tensor's traffic (its heads are split over TP)
+        act += SCORE_BYTES * m.heads / tp * m.seq ** 2 * mb * n_layers
+    return secs, act / f.memory_bw, n_layers * attn
 
 
 def _rate(f: ChipFacts, mm: float, n: float, k: float) -> float:
@@ -299,6 +320,8 @@ def _block_seconds(m: ModelFacts, f: ChipFacts, tp: int, mb: int) -> tuple[float
     gemm_fl = sum(2 * a * b * c for a, b, c in shapes)
     attn_fl = 4 * m.seq * m.q_dim * tokens / tp
     attn_rate = f.peak * f.matrix.attention if f.matrix is not None else f.flops
+    if not m.fused_attention:      # QK^T (s, s, d) and AV (s, d, s) per head: the same GEMM fraction
+        attn_rate = _rate(f, m.seq, m.seq, m.q_dim / m.heads)
     attn = attn_fl / attn_rate
     secs = sum(2 * a * b * c / _rate(f, a, b, c) for a, b, c in shapes) + attn + \
         max(0.0, total - gemm_fl - attn_fl) / f.flops

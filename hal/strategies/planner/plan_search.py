@@ -30,7 +30,7 @@ from typing import Callable, Optional, Sequence, Union
 from hal.contract.errors import HalError
 
 from ..schedule import Schedule
-from .cost import ModelFacts
+from .cost import ModelFacts, recompute_kind
 from .facts import ChipFacts, with_rails
 from .layout import Layout, RepSpec, StageSpec
 from .search_families import Candidate, even_candidates, mixed_candidates, split_candidates
@@ -116,6 +116,13 @@ class OverAllocated(ValueError):
 OVERALLOCATED_DROPS: dict[str, int] = {}
 
 
+def _stage_recompute(r) -> object:
+    """A shape's recompute flag as a StageSpec holds it (convert.from_plan's convention): False for none,
+    True for full, "selective" kept as the name (bool() of it would price selective as full)."""
+    k = recompute_kind(r)
+    return False if k == "none" else True if k == "full" else k
+
+
 def materialize(shape: Shape, node_of=None, schedule: Union[Schedule, str] = Schedule.ONE_F_ONE_B) -> Layout:
     """Give a shape its ranks: each kind's TP groups are consecutive ranks of its sub-cluster, taken
     in order by the stages that use that kind (stage order), replicas in the shape's group order."""
@@ -132,7 +139,7 @@ def materialize(shape: Shape, node_of=None, schedule: Union[Schedule, str] = Sch
                     raise OverAllocated(f"shape asks for TP group {k + 1} of sub-cluster {g.facts.name!r}, which "
                                         f"has {len(tps)} of tp {g.tp} ({g.facts.size} ranks)")
                 reps.append(RepSpec(g.facts, tps[k], g.mb, g.experts))
-        stages.append(StageSpec((a, b), reps, bool(shape.recompute[si]) if shape.recompute else False,
+        stages.append(StageSpec((a, b), reps, _stage_recompute(shape.recompute[si] if shape.recompute else False),
                                 ep=shape.ep if g.experts is not None else None))
     if shape.virtual > 1:
         schedule = Schedule.INTERLEAVED_1F1B

@@ -20,11 +20,11 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .cost import ModelFacts, replica_cost
+from .cost import ModelFacts, recompute_kind, replica_cost
 from .facts import ChipFacts
 from .layout import Layout
 from .search_shapes import (ZERO_LEVELS, Group, Shape, divisors, ep_options, estimate, expert_share,
-                            memory_options, runs_of, share_rows, split_layers)
+                            RECOMPUTE_TRIES, memory_options, recompute_text, runs_of, share_rows, split_layers)
 from .simulate import SimResult
 
 
@@ -119,18 +119,18 @@ def _mixed_one(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, even: 
             inter = f", interleaved x {v}" if v > 1 else ""
             out.append(Candidate("even" if even else "mixed", shape, est,
                                  f"mixed stages: tp {t}, pp {p}{inter}, dp {d}{_ep_text(model, ep, d)}, micro-batch "
-                                 f"{bm} x {m}, zero {shape.zero}, recompute in {sum(shape.recompute)}/"
-                                 f"{len(shape.recompute)} stages"))
+                                 f"{bm} x {m}, zero {shape.zero}, {recompute_text(shape.recompute)}"))
     return out
 
 
 def virtual_options(p: int, m: int, layers: Sequence[int]) -> list[int]:
     """Stages per rank group to try: 1 (1F1B) and, with p > 1 and m a multiple of p (torch's
-    Interleaved1F1B needs m % max(1, m // p) == 0), every v in (2, 4) no stage has fewer layers than.
+    Interleaved1F1B needs m % max(1, m // p) == 0), every v in (2, 4, 8) no stage has fewer layers than
+    (8: one layer per virtual stage of an 8-layer stage, as published Megatron-LM layouts use).
     Mixed stages only: torch's schedules need equal chains (every stage the same replicas and rows)."""
     out = [1]
     if p > 1 and m % p == 0:
-        out += [v for v in (2, 4) if min(layers) >= v]
+        out += [v for v in (2, 4, 8) if min(layers) >= v]
     return out
 
 
@@ -177,7 +177,7 @@ def even_candidates(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, m
                 m = batch // bm
                 e = model.experts // (ep or d) if model.experts else None
                 best = None
-                for recompute in (False, True):
+                for recompute in RECOMPUTE_TRIES:
                     for zero in ZERO_LEVELS:
                         shape = Shape([((bounds[s], bounds[s + 1]), [Group(f, t, bm // d, e, n) for f, n in g])
                                        for s, g in enumerate(stages_groups)], m, zero, [recompute] * p, ep=ep)
@@ -192,7 +192,7 @@ def even_candidates(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, m
                 out.append(Candidate("even", shape, est, f"Plan.even: tp {t}, pp {p}, dp {d}{_ep_text(model, ep, d)}, "
                                                         f"micro-batch {bm} x {m}, "
                                                         f"zero {shape.zero}, "
-                                                        f"recompute {'full' if shape.recompute[0] else 'none'}"))
+                                                        f"recompute {recompute_kind(shape.recompute[0])}"))
     return out
 
 
@@ -278,6 +278,5 @@ def split_candidates(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, 
             desc = ", ".join(f"{f.name}: tp {t} x {pc} stages x dp {d}" for f, (t, pc), d in zip(facts, combo, dc))
             ept = "" if not model.experts else (f", ep {ep}" if ep else ", ep = dp")
             out.append(Candidate("split", shape, est, f"split stages ({desc}){ept}, micro-batch {bm} x {m}, "
-                                                      f"zero {shape.zero}, recompute in "
-                                                      f"{sum(shape.recompute)}/{len(shape.recompute)} stages"))
+                                                      f"zero {shape.zero}, {recompute_text(shape.recompute)}"))
     return out

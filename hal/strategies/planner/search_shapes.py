@@ -83,12 +83,22 @@ class Shape:
     stages: list[tuple[tuple[int, int], list[Group]]]
     m: int
     zero: int
-    recompute: list[bool] = field(default_factory=list)   # per stage, set by estimate
+    recompute: list = field(default_factory=list)   # per stage, set by estimate: False, "selective" or True
     ep: Optional[int] = None   # MoE: EP degree (replicas per EP group, every stage); None: the whole DP group
     virtual: int = 1           # stages per rank group (>1: torch's Interleaved1F1B, Narayanan et al. 2021)
 
     def microbatch(self, s: int) -> int:
         return sum(g.mb * g.count for g in self.stages[s][1])
+
+
+RECOMPUTE_TRIES = (False, "selective", True)     # a stage's recompute, cheapest first
+
+
+def recompute_text(flags: Sequence) -> str:
+    """'recompute in k/p stages' (k: stages that recompute, selective ones counted apart)."""
+    sel = sum(1 for r in flags if r == "selective")
+    full = sum(1 for r in flags if r is True)
+    return f"recompute in {full + sel}/{len(flags)} stages" + (f" ({sel} selective)" if sel else "")
 
 
 def estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[float, bool]:
@@ -102,7 +112,9 @@ def estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[fl
     for s, ((a, b), groups) in enumerate(shape.stages):
         n_layers, dp, bm = b - a, sum(g.count for g in groups), shape.microbatch(s)
         nic = min(g.facts.nic_bw for g in groups)
-        for recompute in ((shape.recompute[0],) if uniform else (False, True)):
+        # none, else selective (saves memory only where the attention core keeps its scores: an unfused
+        # core, ModelFacts(fused_attention=False)), else full
+        for recompute in ((shape.recompute[0],) if uniform else RECOMPUTE_TRIES):
             worst, opt, bwd_min, params, eparams, ok = 0.0, 0.0, float("inf"), 0.0, 0.0, True
             for g in groups:
                 ep, gmb = ep_of(model, shape.ep, dp, g, nic, bm)
