@@ -8,9 +8,11 @@ emptied `.metadata`, a deleted shard, a manifest-less (older) checkpoint, and th
 codes. Multi-process (2 ranks, cuda:1 + ascend:1, every chip EMULATED on this CPU, DP 2 over gloo): one
 uninterrupted reference run of 3 steps checkpointing every step (steps 1 and 2 async, 3 final); its
 steps 1 and 2 copied to a new run folder are the run stopped at step 2, whose newest checkpoint (step 2)
-is corrupted four ways in turn (a pristine copy each time): each resume must skip it, with its path in
-`skipped`, start at step 1 and end with the reference's exact final loss, validation loss and parameter
-digest; last, a resume with another hidden size is one CheckpointError naming the entries.
+is corrupted in turn (a pristine copy each time) with a flipped byte in a shard and an emptied `.metadata`
+(a shard's sha256 and the DCP metadata's length; that verify names the truncated and the deleted shard too
+is its in-process case, and a resume acts on verify's verdict whatever the kind): each resume must skip it,
+with its path in `skipped`, start at step 1 and end with the reference's exact final loss, validation loss
+and parameter digest; last, a resume with another hidden size is one CheckpointError naming the entries.
 
 The non-finite guard (hal/trainer/nonfinite.py) rides on these warm ranks rather than on `hal train`
 launches of its own (a launch costs a whole torchrun start-up): every run here has `on_nonfinite = "skip"`
@@ -168,7 +170,8 @@ def test_nan_gradient_skipped_on_every_rank_counted_and_never_saved(runs):
 
 def test_corrupt_newest_checkpoint_falls_back_and_ends_exact(pool, runs, tmp_path):
     pristine, reference = runs
-    for kind, corrupt in CORRUPTIONS.items():
+    for kind in ("flipped bytes", "emptied .metadata"):  # each kind's verdict: test_verify_names_the_file_and_why
+        corrupt = CORRUPTIONS[kind]
         run = tmp_path / kind.replace(" ", "_").replace(".", "")
         shutil.copytree(pristine, run / "checkpoints")
         bad = run / "checkpoints" / "step_00000002"

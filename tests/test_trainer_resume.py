@@ -1,9 +1,11 @@
 """`hal train` checkpoints (hal/trainer/checkpoint.py, DCP) resume and reshard, on emulated chips (every chip
 EMULATED on this CPU; training collectives over the `hetero` bridge).
 
-- Same plan (PP 2 x DP 2 on cuda:2 + ascend:2): stop at step 6 and resume = the uninterrupted run at step
-  12, bitwise (losses and a SHA-256 of every parameter); resuming from an asynchronously written
-  checkpoint (dcp.async_save, step 8) is bitwise too.
+- Same plan (PP 2 x DP 2 on cuda:2 + ascend:2): a second run repeats the uninterrupted one bitwise (its
+  losses up to step 6), stops at step 6 with the loader position in its checkpoint (data.json) and resumes
+  = the uninterrupted run at step 12, bitwise (losses and a SHA-256 of every parameter); resuming from an
+  asynchronously written checkpoint (dcp.async_save, step 8) is bitwise too. (The GPT's bitwise repeat is
+  proven here only; tests/test_train.py and tests/test_trainer_metrics.py do not repeat it.)
 - Resharding is exact: step 8's checkpoint, written by PP 2 x DP 2, loaded into DP 4, FSDP2 (zero 3) DP 4,
   TP 2 x PP 2, an interleaved schedule with two stages per rank, and a 3-rank cuda:2 + ascend:1 cluster
   on the planner's layout: every parameter and every AdamW moment a rank then holds equals, bitwise, the
@@ -18,6 +20,7 @@ EMULATED on this CPU; training collectives over the `hetero` bridge).
 """
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -49,7 +52,6 @@ def _config(run_dir: Path, plan=None, **extra) -> dict:
 def _interleaved(tmp_path: Path) -> dict:
     """A plan file: 4 one-layer stages on Interleaved1F1B, stage i on the cuda pair (i even) or the ascend
     pair (i odd), so every rank holds two stages."""
-    import json
     stages = [{"layers": [i, i + 1], "replicas": [{"ranks": [a], "microbatch": 2}, {"ranks": [b], "microbatch": 2}]}
               for i, (a, b) in enumerate([(0, 1), (2, 3), (0, 1), (2, 3)])]
     path = tmp_path / "interleaved.json"
@@ -110,12 +112,14 @@ def test_same_plan_resume_is_bitwise_also_from_an_async_checkpoint(pool, uninter
     a_dir, a = uninterrupted
     saved = sorted(p.name for p in (a_dir / "checkpoints").iterdir() if (p / ".complete").is_file())
     assert saved == ["step_00000004", "step_00000008", "step_00000012"]
-    import json
     summary = json.loads((a_dir / "summary.json").read_text())
     assert [c["async"] for c in summary["checkpoints"]] == [True, True, False]
 
     c1 = pool.run(cases.run, _config(tmp_path / "c", stop_after=STOP), timeout=240)
     assert c1[0]["end"] == STOP and c1[0]["digest"] != a[0]["digest"]
+    assert [r["losses"] for r in c1] == [r["losses"][:STOP] for r in a]  # the same seed and plan: bit-identical
+    position = json.loads((tmp_path / "c" / "checkpoints" / f"step_{STOP:08d}" / "data.json").read_text())
+    assert position["sequences"] == STOP * 8 and position["tokenizer"] == "bytes"  # the loader's, with the checkpoint
     c2 = pool.run(cases.run, _config(tmp_path / "c"), timeout=240)
     assert [r["start"] for r in c2] == [STOP] * 4 and not c2[0]["resumed"]["resharded"]
     assert [r["losses"] for r in c2] == [r["losses"][STOP:] for r in a]
