@@ -19,10 +19,11 @@ from .config import TrainConfig
 from .trainer import Trainer, make_plan  # noqa: F401 - make_plan: hal/cli/train.py checks the plan before launch
 
 
-def train(cfg: TrainConfig) -> dict:
+def train(cfg: TrainConfig, *, digest: bool = False) -> dict:
     """Run (or resume) the configured training on this rank; returns this rank's result (rank, chip,
-    start/end step, losses, val losses, params digest). Every rank of the world must call it."""
-    return Trainer(cfg).train()
+    start/end step, losses, val losses, and with `digest=True` a SHA-256 of this rank's full parameters:
+    a gather of its stages, for bitwise checks). Every rank of the world must call it."""
+    return Trainer(cfg, digest=digest).train()
 
 
 def exit_failed(exc: BaseException) -> None:

@@ -124,9 +124,9 @@ def params_digest(params: dict[str, torch.Tensor]) -> str:
 class Trainer:
     """One rank's training run (module doc). Every rank of the world builds it and calls `train()`."""
 
-    def __init__(self, cfg: TrainConfig, *, report: bool = True) -> None:
+    def __init__(self, cfg: TrainConfig, *, report: bool = True, digest: bool = False) -> None:
         import hal
-        self.cfg, self.report = cfg, report
+        self.cfg, self.report, self.want_digest = cfg, report, digest
         init_distributed(cfg)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.accelerator = hal.accelerator()
@@ -319,7 +319,8 @@ class Trainer:
     # ---- the run ---------------------------------------------------------------------------------
     def train(self) -> dict:
         """Train from the resumed step to `cfg.last_step`, then validate, checkpoint and (rank 0) report.
-        Returns this rank's result: rank, chip, start/end step, losses, validation losses, params digest."""
+        Returns this rank's result: rank, chip, start/end step, losses, validation losses, params digest
+        ("" unless the Trainer was built with `digest=True`)."""
         from .replan import ReplanRequested
         t_run = time.perf_counter()
         step = self.start
@@ -347,7 +348,7 @@ class Trainer:
                 "digest": self.digest, "resumed": summary["resumed"]}
 
     def _finish_training(self) -> None:
-        """Final validation and checkpoint (synchronous), and the parameters' digest."""
+        """Final validation and checkpoint (synchronous), and the parameters' digest (when asked)."""
         self.end = max(self.start, self.cfg.last_step)
         self.final_val_loss = self.evaluate()
         self.val_history.append((self.end, self.final_val_loss))
@@ -366,7 +367,10 @@ class Trainer:
                     export_checkpoint(step_dir(cfg.checkpoint_dir, latest(cfg.checkpoint_dir)), self.model_cfg,
                                       cfg.resolve(cfg.checkpoint.export_hf), copy_from=cfg.resolve(cfg.model.hf))
                 dist.barrier(group=self.book)
-        self.digest = params_digest(self.run.full_parameters()) if self.run.active else ""
+        # the digest (bitwise repeat and resume checks) gathers this rank's stages to full tensors (FSDP/TP):
+        # only when asked (`digest=True`), never for a `hal train` job, whose stage may not fit unsharded
+        if self.want_digest and self.run.active:
+            self.digest = params_digest(self.run.full_parameters())
 
     def summary(self) -> dict:
         """The run's summary.json content (the per-step figures, recovery and slow-node findings on rank 0)."""
