@@ -16,7 +16,9 @@ torchrun is started with the static rendezvous on the endpoint (`--master-addr/-
 (cluster.emulate, a cluster spec) gives every rank.
 
 Before torchrun starts, every node runs the pre-launch checks and `agree` exchanges the results over a
-torch TCPStore on the endpoint's port + 1 (node 0 serves it): a node whose check failed stops every
+torch TCPStore on the endpoint's port + 1 (node 0 serves it, for as long as its `hal train` runs, so a
+node killed mid-run and started again with the same command passes its checks and joins the restarted
+job: hal.trainer.elastic.init_process_group): a node whose check failed stops every
 node with its one line, named by node and host; a node that never reports stops the others after
 `timeout_s`. `check_shared_dir` (every rank, after the process group is up): rank 0 writes a marker
 with a random nonce into the checkpoint folder, each node's local rank 0 must read it within a bounded
@@ -40,6 +42,7 @@ from hal.launch.check import LaunchError, check_int
 
 DEFAULT_PORT = 29400
 AGREE_PORT_OFFSET = 1  # the pre-launch agreement's store: endpoint port + 1
+_SERVED: list = []  # node 0's agreement store, served for the launcher's life (a node started again joins it)
 
 
 class SharedFolderError(HalError):
@@ -202,6 +205,7 @@ def agree(node: NodeLaunch, problem: Optional[str], timeout_s: float) -> None:
     results = {i: json.loads(store.get(k)) for i, k in enumerate(keys) if i not in missing}
     store.set(f"hal/read/{node.node_rank}", "1")
     if node.node_rank == 0:  # serve the store until every node that reported has read it (bounded)
+        _SERVED.append(store)  # and on: a node whose `hal train` is started again mid-run agrees with it
         readers = [f"hal/read/{i}" for i in results]
         end = time.monotonic() + 5
         while time.monotonic() < end and not store.check(readers):

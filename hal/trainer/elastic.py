@@ -36,8 +36,15 @@ STATE = "elastic.json"
 log = logging.getLogger(__name__)
 
 
+_JOB: Optional[int] = None  # this job's number, agreed by every node in init_process_group
+
+
 def attempt() -> int:
-    """This job's torchrun restart count (0 for the first start, and outside torchrun)."""
+    """This job's number in the run: once the process group is up, the one every node agreed on
+    (init_process_group: a node whose `hal train` was started again joins the others' job), before it
+    torchrun's restart count (0 for the first start, and outside torchrun)."""
+    if _JOB is not None:
+        return _JOB
     try:
         return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     except ValueError:
@@ -210,14 +217,20 @@ def init_process_group(backend: str, timeout) -> None:
     workers' env:// rendezvous assumes a fresh store per retry (rendezvous.py, _create_c10d_store: "We
     create a new TCPStore for every retry so no need to add prefix for each attempt"). The restarted
     workers then read the failed job's keys - gloo peer addresses of dead processes - and group creation
-    fails ("connectFullMesh ... Connection refused"). A prefix per restart count keeps each
-    job's keys apart."""
+    fails ("connectFullMesh ... Connection refused"). A prefix per job keeps each job's keys apart.
+
+    The job's number is max(torchrun's restart count, how often this global rank joined before) (a
+    counter in the agents' store, which node 0's torchrun keeps): the nodes' restart counts agree when
+    every torchrun restarts its ranks, and the join count makes a node whose `hal train` was killed and
+    started again (restart count 0) join the job the surviving nodes restarted into."""
     import torch.distributed as dist
+    global _JOB
     env = os.environ
     if under_torchrun() and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
         store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=False, timeout=timeout)
-        store = dist.PrefixStore(f"hal_train/attempt_{attempt()}", store)
+        _JOB = max(attempt(), store.add(f"hal_train/joins/rank_{rank}", 1) - 1)
+        store = dist.PrefixStore(f"hal_train/attempt_{_JOB}", store)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     else:
         dist.init_process_group(backend, timeout=timeout)
