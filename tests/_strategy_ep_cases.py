@@ -187,7 +187,7 @@ def train_ep_dp_tp(replicas: list, placement: list, rows: list, sequence_paralle
     Non-expert gradients (local shards of the TP DTensors) are SUM all-reduced over the DP group;
     expert gradients are left alone."""
     from hal.strategies.expert_parallel import apply_ep, expert_parameter_names, moe_layers
-    from hal.strategies.models import build_gpt, lm_loss_sum, make_batches
+    from hal.strategies.models import build_model, lm_loss_sum, make_batches
     from hal.strategies.tensor_parallel import apply_tp, tp_full_state
 
     from . import _strategy_tp_cases as tpc
@@ -205,7 +205,7 @@ def train_ep_dp_tp(replicas: list, placement: list, rows: list, sequence_paralle
         return {"member": False}
     rep, t = where[0]
     tp_group, ep_group, dp_group = _groups[(tuple(replicas[rep]), "tp")], ep_groups[t], dp_groups[t]
-    model = build_gpt(MOE, MODEL_SEED)
+    model = build_model(MOE, MODEL_SEED)
     apply_ep(model, ep_group, placement)
     apply_tp(model, tp_group, sequence_parallel=sequence_parallel)
     experts = set(expert_parameter_names(model))

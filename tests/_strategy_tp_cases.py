@@ -13,7 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from hal.strategies.models import ModelConfig, build_gpt, lm_loss, make_batches
+from hal.strategies.models import ModelConfig, build_model, lm_loss, make_batches
 
 DENSE = ModelConfig(name="tp-tiny", layers=2, hidden=48, heads=6, ffn=96, vocab=64, seq=12)
 MOE = ModelConfig(name="tp-tiny-moe", layers=2, hidden=48, heads=6, ffn=36, vocab=64, seq=12, experts=4,
@@ -60,7 +60,7 @@ def _loss(model, batch, cfg):
 
 
 def reference(cfg: ModelConfig):
-    model = build_gpt(cfg, MODEL_SEED)
+    model = build_model(cfg, MODEL_SEED)
     init_state = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     data = make_batches(cfg, STEPS, GLOBAL_BATCH, DATA_SEED)
@@ -81,7 +81,7 @@ def train_tp(partition: list, kind: str, sequence_parallel: bool) -> dict:
     from hal.strategies.tensor_parallel import apply_tp, tp_full_state
     cfg = CFGS[kind]
     group = groups_of(partition)
-    model = build_gpt(cfg, MODEL_SEED)
+    model = build_model(cfg, MODEL_SEED)
     apply_tp(model, group, sequence_parallel=sequence_parallel)
     sharded = sorted(n for n, p in model.named_parameters() if isinstance(p, DTensor))
     local_shapes = {n: tuple(p.to_local().shape) for n, p in model.named_parameters() if isinstance(p, DTensor)}
@@ -113,7 +113,7 @@ def tp_error(partition: list, with_topology: bool, kind: str = "dense", heads: i
         import os
         topo = Topology.from_env(world_size=int(os.environ["WORLD_SIZE"]))
     try:
-        apply_tp(build_gpt(cfg, MODEL_SEED), group, topology=topo)
+        apply_tp(build_model(cfg, MODEL_SEED), group, topology=topo)
     except Exception as exc:
         return type(exc).__name__, str(exc)
     return None

@@ -126,9 +126,9 @@ def test_tp_ranks_checked_against_the_topology():
 
 
 def test_sizes_must_divide():
-    from hal.strategies.models import ModelConfig, build_gpt
+    from hal.strategies.models import ModelConfig, build_model
     from hal.strategies.tensor_parallel import TensorParallelError, _check_divides
-    model = build_gpt(ModelConfig(name="t", layers=1, hidden=48, heads=6, ffn=100, vocab=16, seq=8))
+    model = build_model(ModelConfig(name="t", layers=1, hidden=48, heads=6, ffn=100, vocab=16, seq=8))
     _check_divides(model, 2)
     with pytest.raises(TensorParallelError, match="blocks.0.attn: 6 attention heads .* do not divide by the TP degree 4"):
         _check_divides(model, 4)

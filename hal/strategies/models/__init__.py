@@ -11,9 +11,9 @@ import torch
 
 from .config import ModelConfig
 from .data import IGNORE_INDEX, count_tokens, lm_loss, lm_loss_sum, make_batches, rank_slice
-from .gpt import GPT, HalLinear, build_gpt
+from .gpt import GPT, HalLinear
 
-__all__ = ["ModelConfig", "GPT", "HalLinear", "build_model", "build_gpt", "lm_loss", "lm_loss_sum",
+__all__ = ["ModelConfig", "GPT", "HalLinear", "build_model", "lm_loss", "lm_loss_sum",
            "count_tokens", "make_batches", "rank_slice", "IGNORE_INDEX"]
 
 

@@ -162,7 +162,11 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """ids (batch, seq) int64 -> logits (batch, seq, vocab); a stage without embed takes hidden states."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, seed: int = 0) -> None:
+        """Built on a real device, every parameter is initialised (hal.strategies.models.init.init_value of
+        `seed`, its name and shape: the values `build_model(cfg, seed)` and every rank of any plan hold);
+        on the meta device or fake tensors (shape-only builds, `build_model`'s meta construction) nothing
+        is written."""
         super().__init__()
         self.cfg = cfg
         self.embed: Optional[Embedding] = Embedding(cfg.vocab, cfg.hidden)
@@ -174,6 +178,10 @@ class GPT(nn.Module):
         # not persistent: derived from the config, so checkpoints and FSDP state stay weights only
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        from .init import fill, real_parameters
+        names = real_parameters(self)
+        if names:
+            fill(self, seed, names=names)
 
     def _tie(self) -> None:
         """With tie_embeddings, make the head's weight the embedding's Parameter (again)."""
@@ -212,20 +220,3 @@ class GPT(nn.Module):
         if not parts:
             return None
         return self.cfg.moe_aux_loss_coef * torch.stack(parts).sum()
-
-
-def build_gpt(cfg: ModelConfig, seed: int = 0) -> GPT:
-    """GPT with weights N(0, 0.02) (norm gains 1, biases 0) drawn in parameter-name order from `seed`,
-    so every process builds the bit-identical model whatever its global RNG state (a tied head is
-    drawn once, as `embed.weight`)."""
-    model = GPT(cfg)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif name.endswith(".bias"):
-                p.zero_()
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
-    return model

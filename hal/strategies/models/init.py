@@ -13,8 +13,8 @@ full tensor of that one parameter and keeps its own piece (torch's `distribute_t
 single-process model (`build_model(cfg, seed)`, materialised by the same function) holds. The full
 tensor of one parameter exists transiently during materialisation; no rank ever holds the whole model.
 
-Initialisation (GPT-2 / Llama style, as build_gpt's was): RMSNorm gains 1, biases 0, every other
-weight N(0, 0.02).
+Initialisation (GPT-2 / Llama style): RMSNorm gains 1, biases 0, every other weight N(0, 0.02). The one
+definition: `GPT(cfg, seed)` built on a real device fills its parameters with it too (`real_parameters`).
 """
 from __future__ import annotations
 
@@ -63,6 +63,13 @@ def meta_parameters() -> Iterator[None]:
         yield
     finally:
         nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def real_parameters(module: nn.Module) -> set[str]:
+    """Names of the parameters of `module` that have storage (not meta, not fake): what GPT(cfg, seed)
+    initialises when it is built on a real device."""
+    from torch._subclasses.fake_tensor import is_fake
+    return {n for n, p in module.named_parameters() if not p.is_meta and not is_fake(p)}
 
 
 def meta_names(module: nn.Module) -> list[str]:
