@@ -49,6 +49,10 @@ class PoolHandle:
             self.starts += 1
         return pool
 
+    def warm_size(self) -> Optional[int]:
+        """The size of a pool that is up (its workers alive), if any."""
+        return next((size for size, pool in self._pools.items() if all(pool.alive())), None)
+
     def current(self, size: Optional[int] = None) -> Optional[WorkerPool]:
         return self._pools.get(size or self.nproc)
 
@@ -106,8 +110,13 @@ class Runner:
         self._free_start: set = set()
         self._prereq_failed: dict[str, CheckResult] = {}  # prerequisite id -> its failed result
         self.bind_timeout_s = bind_timeout_s or bounds.BIND_TIMEOUT_S
+        self._one_rank = False  # set by run(): no selected check needs more than rank 0
 
     def run(self, checks: Iterable[Check]) -> list[CheckResult]:
+        checks = list(checks)
+        # `--level ops`, `-k matmul`: every worker-side check runs on rank 0 alone, so one worker
+        # does (a warm pool of any size serves too); no --nproc processes to spawn for nothing.
+        self._one_rank = all(c.where != "all" for c in checks)
         results = []
         for check in checks:
             res = self.run_one(check)
@@ -162,13 +171,22 @@ class Runner:
                                "(see contract.registers)", 0.0)
         spec = check_spec(self.target, check)
         size = len(spec.chips) or self.target.nproc
+        if self._one_rank and check.where == "rank0" and not spec.chips:
+            size = self.pool.warm_size() or 1
         if check.where == "all" and size < 2:
             return CheckResult(check.id, check.level, "skipped", f"needs >= 2 ranks, --nproc is "
                                f"{self.target.nproc}", 0.0)
         if spec in self._bind_hung:
             return CheckResult(check.id, check.level, "failed", f"not run: {self._bind_hung[spec]}", 0.0)
-        t0 = time.perf_counter()
-        why = self._prepare(spec, size, min(bounds.BIND_TIMEOUT_S, left), check.level)
+        why = self._start(size, check.level)
+        if why:
+            return CheckResult(check.id, check.level, "failed", why, 0.0)
+        left = self._left(check.level)  # a start-up after a hang or a death is charged to the level
+        if left <= 0:
+            return CheckResult(check.id, check.level, "failed", "not run: the level's time budget was spent "
+                               "restarting the worker pool", 0.0)
+        t0 = time.perf_counter()  # the pool's start-up is not the plugin's time; its binding is
+        why = self._bind(spec, size, min(bounds.BIND_TIMEOUT_S, left))
         if why:
             return CheckResult(check.id, check.level, "failed", why, time.perf_counter() - t0)
         t0 = time.perf_counter()  # pool start and binding are not the check's time
@@ -189,12 +207,9 @@ class Runner:
                                f"worker pool restarted", time.perf_counter() - t0)
         return self._merge(check, outcomes, time.perf_counter() - t0, size)
 
-    def _prepare(self, spec, size: int, timeout: float, level: str = "") -> Optional[str]:
-        """Start the pool and bind `spec` on every rank; a message if that hung (remembered: the
-        binding is not retried, every later check needing it fails at once)."""
+    def _start(self, size: int, level: str) -> Optional[str]:
+        """Start the pool of `size` ranks if it is not up (spawn + import torch); a message if that hung."""
         pool = self.pool.get(size)
-        if self._bound.get(id(pool)) == spec:
-            return None
         if id(pool) not in self._started:
             t0 = time.monotonic()
             try:  # spawn + import torch: no plugin code runs yet, so this is not the plugin's time
@@ -206,6 +221,14 @@ class Runner:
             if level not in self._free_start:  # one start-up per level is not charged to its budget
                 self._free_start.add(level)
                 self._deadline[level] = self._deadline.get(level, time.monotonic()) + time.monotonic() - t0
+        return None
+
+    def _bind(self, spec, size: int, timeout: float) -> Optional[str]:
+        """Bind `spec` on every rank of the started pool; a message if that hung (remembered: the
+        binding is not retried, every later check needing it fails at once)."""
+        pool = self.pool.get(size)
+        if self._bound.get(id(pool)) == spec:
+            return None
         timeout = min(timeout, self.bind_timeout_s)
         stack = os.path.join(self._stacks, "bind")
         try:
