@@ -1,6 +1,6 @@
 """`hal` imports only what it runs: `import hal.cli` and `hal --help` load no layer above hal, no plugin
 and not torch; `hal info` loads plugins (it lists them) but no layer above hal and registers no
-`hetero` backend; a chosen subcommand loads its own module only. Each case runs in a fresh
+`hetero` backend; a chosen subcommand loads its own module only (and its --help no torch). Each case runs in a fresh
 interpreter and reads its sys.modules (what `python -X importtime` would list)."""
 import importlib
 import json
@@ -92,6 +92,7 @@ def test_a_chosen_subcommand_imports_its_module_only(argv, module):
     own = {m for m, _ in SUBCOMMANDS.values()}
     assert own & set(got["modules"]) == {module}
     assert not _above(got["modules"], ("hal.ccl_bridge", "hal.strategies", "hal.trainer", "hal.testbed"))
+    assert "torch" not in _top(got["modules"]), f"{argv}: --help imported torch"
 
 
 def test_every_subcommand_module_has_the_interface():

@@ -30,9 +30,8 @@ from hal.contract.capabilities import torch_dtype
 
 from .harness import BenchError, Row, bandwidths, slowest_median
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
-BACKENDS = ("gloo", "hetero", "shm", "vendor")
-DTYPES = ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int32", "int64")  # hal's names
+from . import BACKENDS, DTYPES, OPS  # declared torch-free in hal/bench/__init__.py (for --help)
+
 _SPLITS = ("all_gather", "reduce_scatter", "all_to_all")  # ops whose count splits over the ranks
 # torch 2.13 renamed the single-tensor variants (the old names warn); older torch has only the old ones
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_comm_arguments(c: argparse.ArgumentParser) -> None:
-    from hal.bench.comm import BACKENDS, DTYPES, OPS
+    from hal.bench import BACKENDS, DTYPES, OPS  # torch-free: --help loads no torch
     c.add_argument("--op", default="all_reduce", choices=OPS, help="collective (default all_reduce)")
     c.add_argument("--backend", default="hetero", choices=BACKENDS,
                    help="group under test: gloo = flat gloo over every rank (today's mixed-cluster "
