@@ -30,6 +30,8 @@ dtype it computes in).
 """
 from __future__ import annotations
 
+import math
+
 from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any, ContextManager, Iterable, Optional, Sequence
@@ -198,3 +200,14 @@ class LossScaler:
 
     def state_dict(self) -> dict:
         return {"scale": self.scale, "clean_steps": self.clean_steps, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a checkpoint's `state_dict()` (the trainer stores it beside the data position), so a
+        resumed float16 run scales as the uninterrupted one would (GradScaler.load_state_dict's role)."""
+        scale, clean, skipped = state.get("scale"), state.get("clean_steps"), state.get("skipped", 0)
+        if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale) and scale > 0):
+            raise PrecisionError(f"LossScaler.load_state_dict: scale = {scale!r}: not a finite number > 0")
+        for name, value in (("clean_steps", clean), ("skipped", skipped)):
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                raise PrecisionError(f"LossScaler.load_state_dict: {name} = {value!r}: not an integer >= 0")
+        self.scale, self.clean_steps, self.skipped = float(scale), clean, skipped

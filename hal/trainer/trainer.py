@@ -220,7 +220,10 @@ class Trainer:
         self.resumed = self.checkpointer.resume() if self.checkpointer is not None and cfg.checkpoint.resume else None
         self.start = self.resumed.step if self.resumed is not None else 0
         if self.resumed is not None:  # continue on the next unseen sequence (its tokenizer and seq checked)
-            self.loader.resume(load_position(self.resumed.path), self.start)
+            position = load_position(self.resumed.path)
+            self.loader.resume(position, self.start)
+            if self.scaler is not None and position and "loss_scaler" in position:  # the float16 loss scale too
+                self.scaler.load_state_dict(position["loss_scaler"])
         if self.rank == 0:
             self.elastic.start(self.start, self.chips, self.plan.to_json(indent=None),
                                bool(self.resumed and self.resumed.resharded))
@@ -305,7 +308,10 @@ class Trainer:
         """Rank 0: the data loader's position after `step` steps into that step's checkpoint folder."""
         if self.rank == 0:
             from .checkpoint import step_dir
-            save_position(step_dir(self.cfg.checkpoint_dir, step), self.loader.state(step))
+            state = self.loader.state(step)
+            if self.scaler is not None:  # one world scale (every rank agrees each step): rank 0's is the world's
+                state["loss_scaler"] = self.scaler.state_dict()
+            save_position(step_dir(self.cfg.checkpoint_dir, step), state)
 
     def evaluate(self) -> float:
         """Mean loss over the held-out batches (the gradients the steps leave are dropped)."""
