@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hal.contract.errors import HalError, NotSupportedError
+from hal.emulation.named_group import NamedProcessGroup
 
 from . import allreduce as _ar
 from . import collectives as _co
@@ -54,15 +55,13 @@ class _Contig:
             self.orig.copy_(self.t)
 
 
-class HeteroProcessGroup(dist.ProcessGroup):
+class HeteroProcessGroup(NamedProcessGroup):
     """One process group over every rank of a mixed cluster (see `ccl_bridge` for how it works)."""
 
     def __init__(self, fabric: Fabric):
         super().__init__(fabric.rank, fabric.world)
         self.fabric = fabric
         self._seq = 0
-        self._group_name = ""
-        self._group_desc = ""
         self._state = GroupState(self._abort_inner)
         self._lock = threading.Lock()  # seq numbers and queue order must match (DDP calls from autograd threads)
         self._executor = Executor(f"{fabric.rank}", thread_init=fabric.sync.bind_thread)
@@ -75,17 +74,8 @@ class HeteroProcessGroup(dist.ProcessGroup):
         return "hetero"
 
     def setGroupName(self, name: str) -> None:
-        self._group_name = name
+        super().setGroupName(name)
         self.fabric.name = name
-
-    def getGroupName(self) -> str:
-        return self._group_name
-
-    def setGroupDesc(self, desc: str) -> None:
-        self._group_desc = desc
-
-    def getGroupDesc(self) -> str:
-        return self._group_desc
 
     def __repr__(self) -> str:
         t = self.fabric.topo
