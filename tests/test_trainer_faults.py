@@ -11,9 +11,9 @@ next bridge collective of that step, `freeze` makes it sleep there with its conn
 lost by SIGKILL of its torchrun agent and its ranks. Bounds: every job runs under a timeout and is killed
 with its processes past it (no hang outlives the test); a freeze ends after the group timeout (timeout_s =
 10 s) + HAL_BRIDGE_GRACE_S (1 s). Each restart pays torchrun's process start-up again (`import torch` per
-rank on this machine), so the module runs 2 jobs: one with 3 faults and 3 restarts (kill cuda, freeze
-ascend, freeze cuda), and the elastic one (the ascend node killed).
-"""
+rank on this machine), so the module runs 2 jobs: one with 2 faults and 2 restarts (a cuda rank killed,
+an ascend rank - the first of its sub-cluster - frozen: each side of the bridge, each kind of fault), and
+the elastic one (the ascend node killed)."""
 from __future__ import annotations
 
 import json
@@ -94,34 +94,34 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def test_kill_and_freeze_on_both_sides_restart_and_resume(tmp_path):
     run = tmp_path / "run"
-    # job 0: cuda rank 1 killed in step 3; job 1: ascend rank 2 frozen in step 7; job 2: cuda rank 0
-    # frozen in step 11 (an ascend rank killed: the next test). Checkpoints every 2 steps.
-    faults = _faults(("kill", 1, 3, 0), ("freeze", 2, 7, 1), ("freeze", 0, 11, 2))
-    res = _hal_train(_config(tmp_path / "f.toml", run, "cuda:2,ascend:2", faults=faults), max_restarts=3)
+    # job 0: cuda rank 1 killed in step 3; job 1: ascend rank 2 frozen in step 7 (an ascend rank killed: the
+    # next test). Checkpoints every 2 steps.
+    faults = _faults(("kill", 1, 3, 0), ("freeze", 2, 7, 1))
+    res = _hal_train(_config(tmp_path / "f.toml", run, "cuda:2,ascend:2", steps=8, faults=faults), max_restarts=2)
     assert res.returncode == 0, res.stdout[-4000:]
     summary = json.loads((run / "summary.json").read_text())
     restarts = summary["restarts"]
-    # each job failed after steps 2, 6, 10 and resumed from the newest COMPLETE checkpoint: the one
+    # each job failed after steps 2, 6 and resumed from the newest COMPLETE checkpoint: the one
     # written at that step, or - when the fault hit while that asynchronous save was still being written
     # (seen here: the killed rank never finished its part) - the one before it, one interval earlier
-    assert [(r["attempt"], r["failed_at_step"]) for r in restarts] == [(1, 2), (2, 6), (3, 10)], restarts
+    assert [(r["attempt"], r["failed_at_step"]) for r in restarts] == [(1, 2), (2, 6)], restarts
     for r in restarts:
         assert r["resumed_from_step"] in (r["failed_at_step"], r["failed_at_step"] - 2), r
         assert r["steps_lost"] == r["failed_at_step"] - r["resumed_from_step"]
-    assert summary["steps_lost"] == sum(r["steps_lost"] for r in restarts) and len(summary["recover_s"]) == 3
+    assert summary["steps_lost"] == sum(r["steps_lost"] for r in restarts) and len(summary["recover_s"]) == 2
     assert all(r["restart_s"] > 0 and r["recovered_s"] >= r["restart_s"] for r in restarts)
-    assert summary["end_step"] == 12 and summary["start_step"] == 10
+    assert summary["end_step"] == 8 and summary["start_step"] == 6
     assert "restarted after a failure in step 3" in res.stdout and "hal train: recovered:" in res.stdout
 
     recs = _records(run)
     injected = [(r["attempt"], r["rank"], r["injected"]) for r in recs if "injected" in r]
-    assert injected == [(0, 1, "kill"), (1, 2, "freeze"), (2, 0, "freeze")]
+    assert injected == [(0, 1, "kill"), (1, 2, "freeze")]
     failures = [r for r in recs if "error_type" in r]
     assert failures and all(_typed(r["error_type"]) for r in failures), failures
     # a frozen peer is found by the bound of the collective: another rank raised a typed timeout
     # (BridgeTimeoutError, or hal.emulation.shm's ShmTimeoutError in a group inside one sub-cluster: whichever
     # fires first, torchrun may stop the rest before they record)
-    for attempt, victim in ((1, 2), (2, 0)):
+    for attempt, victim in ((1, 2),):
         timed = [r for r in failures if r["attempt"] == attempt and r["rank"] != victim]
         assert any(issubclass(_error_class(r["error_type"]), TimeoutError) for r in timed), (attempt, timed)
     # the metrics say which job ran each step; the step at which a job is back where the failed one was
@@ -129,12 +129,12 @@ def test_kill_and_freeze_on_both_sides_restart_and_resume(tmp_path):
     steps = _metrics(run)
     assert [s["step"] for s in steps if "restart" in s] == \
         [max(r["failed_at_step"], r["resumed_from_step"] + 1) for r in restarts]
-    assert {s["attempt"] for s in steps} == {0, 1, 2, 3}
+    assert {s["attempt"] for s in steps} == {0, 1, 2}
     # a step redone after a restart gives bitwise the loss it gave the first time (resume is exact)
     first: dict = {}
     for s in steps:
         assert first.setdefault(s["step"], s["loss"]) == s["loss"], s
-    assert sorted(first) == list(range(1, 13))
+    assert sorted(first) == list(range(1, 9))
 
 
 def _children(pid: int) -> list[int]:
