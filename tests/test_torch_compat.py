@@ -91,6 +91,15 @@ def test_register_backend_twice_and_a_built_in_name(backend_registry):
     assert B._plugins["GLOO"].creator_fn is first and B.GLOO == "gloo" and B.backend_list.count("gloo") == 1
 
 
+def test_rms_norm_kernel_accumulates_16_bit_inputs_wide_on_this_torch():
+    """torch 2.5's own rms_norm squares float16 in float16 (300^2 overflows): the torch kernel upcasts there."""
+    from hal.ops import torch_kernels
+    x = torch.full((1, 4), 300.0, dtype=torch.float16)
+    measured = {(2, 5): False, (2, 13): True}.get(compat.torch_version()[:2])  # the two torches measured
+    assert measured is None or compat.rms_norm_accumulates_wide() is measured
+    assert torch_kernels.rms_norm(x, torch.ones(4, dtype=torch.float16)).tolist() == [[1.0] * 4]
+
+
 def test_gloo_matrix_is_the_one_measured_on_a_torch_no_newer():
     assert compat.gloo_measured_file("2.5.1+cu124") == "gloo_capabilities_torch2.5.json"
     assert compat.gloo_measured_file("2.9.0") == "gloo_capabilities_torch2.5.json"  # unmeasured: the older one

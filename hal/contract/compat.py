@@ -17,6 +17,8 @@ release notes and sources (v2.5.1 and v2.13.0 tags):
 - `dist.Backend.register_backend` asserts on a name it already knows in 2.5 (a second registration,
   or `nccl`, built in); 2.13 re-registers, and never takes a device type another backend serves
   (`register_backend` gives 2.13's behaviour on both).
+- `torch.rms_norm` on 2.5 squares and averages 16-bit inputs in their own dtype (float16 overflows
+  from |x| ~ 256; measured), where 2.13 accumulates in float32 (`rms_norm_accumulates_wide`).
 - ProcessGroupGloo on 2.5 lacks list `reduce_scatter` and `alltoall`, AVG, every reduce op but SUM
   in `_reduce_scatter_base` (measured: `gloo_measured_file`). The HAL's gloo
   group (hal.emulation.gloo_group) runs those through fallbacks (hal.emulation.gloo_fallback) chosen
@@ -30,6 +32,7 @@ vendor stack does not support.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any, Optional
 
 TORCH_FLOOR = (2, 5)
@@ -117,6 +120,15 @@ def register_backend(name: str, func: Any, extended_api: bool = False, devices: 
     for device, owner in before.items():
         if owner != "fake":
             backend.default_device_backend_map[device] = owner
+
+
+@lru_cache(maxsize=1)
+def rms_norm_accumulates_wide() -> bool:
+    """Whether this torch's `torch.rms_norm` accumulates float16 in a wider type: asked once, of torch
+    itself, on [300.0] * 4 (its squares overflow float16; the true result is 1.0)."""
+    import torch
+    x = torch.full((1, 4), 300.0, dtype=torch.float16)
+    return bool(torch.nn.functional.rms_norm(x, (4,), None, 1e-6).eq(1.0).all())
 
 
 # ProcessGroupGloo's support, measured per torch by `python -m hal_cpu.measure_capabilities --backend

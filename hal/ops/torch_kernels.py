@@ -6,6 +6,7 @@ torch kernel where the readable reference chains several elementwise ops. Where 
 differ from the HAL's they are adapted here, once:
 - attention: torch refuses attn_mask together with is_causal, so the causal triangle is folded into
   the mask; rows with no key to attend to are zeroed (the HAL reference zeros them);
+- rms_norm upcasts 16-bit inputs where torch's own does not accumulate them in float32 (torch 2.5);
 - softmax / cross_entropy accumulate 16-bit inputs in float32 (float64 stays float64), and a mean
   over zero kept targets is 0, not torch's 0/0 = NaN;
 - adamw_step uses torch's fused AdamW (math in float32 for 16-bit tensors, like the reference; the
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.optim.adamw import adamw as _torch_adamw
 
+from hal.contract.compat import rms_norm_accumulates_wide
 from hal.contract.kernel import OpKernel
 from . import reference
 
@@ -70,6 +72,9 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps
 
 
 def rms_norm(x, weight, eps=1e-6):
+    if x.dtype in (torch.float16, torch.bfloat16) and not rms_norm_accumulates_wide():  # torch 2.5
+        w = weight.float() if weight is not None else None
+        return F.rms_norm(x.float(), x.shape[-1:], w, eps).to(x.dtype)
     return F.rms_norm(x, x.shape[-1:], weight, eps)
 
 
