@@ -114,7 +114,10 @@ def _float_values(g: torch.Generator, dtype: str, n: int, kind: str) -> torch.Te
     out = x.to(td)
     if kind == "order":
         # No zeros: max(+0, -0) may return either; a zero from rounding becomes the smallest subnormal.
-        out = torch.where(out == 0, torch.tensor(fi.tiny * 0.5, dtype=torch.float64).to(td), out)
+        # (in float64, exact for every dtype here: torch 2.5 has no `where` for float8 on CPU)
+        wide = out.to(torch.float64)
+        out = torch.where(wide == 0, torch.tensor(fi.tiny * 0.5, dtype=torch.float64).to(td).to(torch.float64),
+                          wide).to(td)
     if kind == "move" and n:
         specials = torch.tensor([math.nan, -0.0, 0.0], dtype=torch.float64).to(td)
         idx = torch.arange(0, n, 5)[: n]  # every fifth element cycles through NaN, -0.0, 0.0
