@@ -5,6 +5,7 @@
 # measured in docs/writing-a-plugin.md, "Which torch"). Run it before changing the floor or
 # hal/contract/compat.py:
 #   bash scripts/oldest_torch.sh            # venv in .venv-torch2.5 (kept; a rerun reuses it)
+#   OLDEST_TORCH_VENV=/path/to/venv bash scripts/oldest_torch.sh   # an existing venv with that torch
 #   TORCH_FLOOR_VERSION=2.5.0 bash scripts/oldest_torch.sh
 # Extra args go to pytest.
 set -euo pipefail
@@ -19,8 +20,12 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/pip" install -q "torch==$VERSION" numpy "pluggy>=1.5" "pydantic>=2.6" "pytest>=8" "pybind11>=2.10" \
   "setuptools>=68" wheel
-# the project without its dependencies: its torch range must not replace the torch just installed
-"$VENV/bin/pip" install -q --no-deps --no-build-isolation -e "$ROOT"
+# the project without its dependencies: its torch range must not replace the torch just installed.
+# Skipped when the venv already imports this checkout's hal (a rerun: no rebuild of the C++ fabric).
+if [ "$(cd / && "$VENV/bin/python" -c 'import hal, os; print(os.path.dirname(os.path.dirname(hal.__file__)))' \
+        2>/dev/null)" != "$ROOT" ]; then
+  "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e "$ROOT"
+fi
 echo "oldest_torch.sh: install took $(( $(date +%s) - start )) s; torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
 cd "$ROOT"
 # The core's tests: plugins and their stand-ins, the contract and manager, emulation, ops, the bridge,
