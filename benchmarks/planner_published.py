@@ -36,6 +36,9 @@ LLAMA3 = ("Llama Team 2024, 'The Llama 3 Herd of Models' (arXiv 2407.21783) Tabl
           "16M tokens per batch, TFLOP/s per GPU; the same figures at glennklockwood.com/garden/llama-3.1 "
           "(Balaji, SC'24)")
 BRIDGE = "NVIDIA Megatron-Bridge docs/performance-summary-archive.md, 26.02 container, DGX-H100 BF16 (MoE benchmarks force-balance tokens)"
+MCORE_H100 = ("NVIDIA Megatron-LM README at commit f2e5db402c (2024-07-15), images/model_table.png (Megatron-Core "
+              "r0.8.0 weak scaling on H100: heads, hidden, layers, TP, PP, DP, GPUs, batch, per-GPU teraFLOP/s, MFU) "
+              "and its text (vocab 131,072, seq 4096, --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap)")
 MCORE_MOE = ("NVIDIA Megatron-LM megatron/core/transformer/moe/README.md (commit c230e0d7c2, 2024-11-21): 'Mixtral 8X7B "
              "bf16 training ... 468 TFLOPS as of MCore v0.9'; 'Reference Best Parallel Mapping' table: Mixtral 8x7B "
              "(Dropless), BF16, 64 GPUs, seq 4096, TP 1 EP 8 PP 4 VP 8, MBS 1, GBS 256 (8xH100 80GB per server)")
@@ -75,6 +78,7 @@ class Row:
     sp: bool = False          # Megatron-LM's sequence parallelism (activations / t): Korthikanti et al. 2022
     assumed: str = ""         # what the layout takes that the source does not state
     fused_attention: bool = True   # False: the run predates FlashAttention (Megatron-LM 2021-22)
+    tp_overlap: bool = False       # Megatron-Core's --tp-comm-overlap
 
 
 def _megatron(name, layers, hidden, heads, tp, pp, gpus, batch, tflops) -> Row:
@@ -97,6 +101,18 @@ LLAMA405 = dict(name="llama3-405b", layers=126, hidden=16384, heads=128, kv_head
                 seq=8192)
 GPT_OSS = dict(name="gpt-oss-120b", layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880,
                vocab=201088, seq=4096, experts=128, top_k=4)
+
+
+def _mcore_h100(name, layers, hidden, heads, tp, pp, gpus, batch, tflops) -> Row:
+    """A row of Megatron-Core r0.8.0's H100 table (MCORE_H100), converted with Megatron's model-FLOP count
+    (num_floating_point_operations: 72 l h^2 (1 + s/6h + V/12lh) per token for a GPT with a 4h MLP)."""
+    cfg = gpt(name, layers, hidden, heads, seq=4096, vocab=131072)
+    s, v = cfg.seq, cfg.vocab
+    per_token = 72 * layers * hidden ** 2 * (1 + s / (6 * hidden) + v / (12 * layers * hidden))
+    return Row(name, cfg, "H100", gpus, tp, pp, batch, 1, "none", tflops * 1e12 * gpus / per_token,
+               f"{tflops} TFLOP/s/GPU", MCORE_H100, zero=1, sp=True, tp_overlap=True,
+               assumed="micro-batch 1, plain 1F1B, no recompute (the table states none of them); the "
+                       "distributed optimizer (ZeRO 1) that --overlap-param-gather implies")
 
 
 def _mixtral() -> Row:
@@ -130,6 +146,9 @@ def rows() -> list[Row]:
         out.append(Row(name, cfg, "A100", gpus, 8, pp, gpus, 1, "selective", mfu * 312e12 * gpus / per_token,
                        f"MFU {mfu:.1%}", KORTHIKANTI, sp=True, fused_attention=False,
                        assumed="micro-batch 1, global batch = GPUs, plain 1F1B"))
+    out += [_mcore_h100("mcore-70b", 84, 8192, 64, 8, 2, 768, 384, 419.7),
+            _mcore_h100("mcore-177b", 96, 12288, 96, 8, 6, 2304, 1152, 432.8),
+            _mcore_h100("mcore-462b", 112, 18432, 144, 8, 16, 6144, 3072, 459.9)]
     llama = _gqa(**LLAMA405)
     for gpus, dp, mfu, tf in ((8192, 64, 0.43, 430), (16384, 128, 0.41, 400)):
         out.append(_mfu(dict(name=f"llama3-405b-{gpus}", cfg=llama, chip="H100", gpus=gpus, tp=8, pp=16,
@@ -171,7 +190,8 @@ def authors_layout(row: Row, f, node_of):
 def run(row: Row, do_search: bool) -> dict:
     topo, facts, node_of = cluster(row)
     # Megatron-LM shards embedding, head and loss over TP; sequence parallel where the source used it
-    model = ModelFacts(row.cfg, vocab_parallel=True, sequence_parallel=row.sp, fused_attention=row.fused_attention)
+    model = ModelFacts(row.cfg, vocab_parallel=True, sequence_parallel=row.sp, fused_attention=row.fused_attention,
+                       tp_overlap=row.tp_overlap)
     t0 = time.perf_counter()
     sim = simulate(authors_layout(row, facts[0], node_of), model)
     out = {"row": row.name, "gpus": row.gpus, "chip": row.chip, "published": row.published,

@@ -46,7 +46,7 @@ class ModelFacts:
     definition); activations with `attention="fused"`: torch's SDPA on CUDA/NPU keeps no scores."""
 
     def __init__(self, cfg, dtype_bytes: int = BF16, op_profile=None, vocab_parallel: bool = False,
-                 sequence_parallel: bool = False, fused_attention: bool = True) -> None:
+                 sequence_parallel: bool = False, fused_attention: bool = True, tp_overlap: bool = False) -> None:
         self.cfg = cfg
         # the embedding, head and loss sharded over TP (Megatron-LM's vocab-parallel layers), as a
         # published run laid out by Megatron-LM has them; False: whole on every TP rank, as apply_plan runs
@@ -60,6 +60,10 @@ class ModelFacts:
         # as two batched GEMMs per head, (s, s, d) and (s, d, s), at the matrix's GEMM fraction, and the
         # a x s x s score tensor written and read through memory (SCORE_BYTES per element, forward)
         self.fused_attention = fused_attention
+        # Megatron-Core's --tp-comm-overlap (Transformer Engine's userbuffers): a layer's TP all-gathers
+        # and reduce-scatters run under its GEMMs, so only what exceeds the compute is exposed. False:
+        # apply_plan's DTensor TP, whose collectives wait (the default)
+        self.tp_overlap = tp_overlap
         # an op_profile.OpProfile: price compute op by op (a roofline per op) instead of from totals
         self.op_profile = op_profile
         # bytes per activation element (2: bf16 training; 4: an fp32 run, e.g. emulated on a CPU)
@@ -238,10 +242,14 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     kind = recompute_kind(recompute)
     compute_fwd, elementwise, attn = _forward_seconds(m, f, tp, n_layers, last, mb, experts_local, group_mb)
     tp_comm, ep_comm = _comm_seconds(m, f, tp, n_layers, mb, tp_bw, ep)
-    fwd = compute_fwd + elementwise + (tp_comm + ep_comm) / 2
-    bwd = 2 * compute_fwd + 2 * elementwise + (tp_comm + ep_comm) / 2
+    tp_f = tp_b = tp_comm / 2            # exposed TP communication of a forward, of a backward
+    if m.tp_overlap:                     # hidden under the pass's GEMMs (backward: twice the forward's)
+        tp_f, tp_b = max(0.0, tp_f - compute_fwd), max(0.0, tp_b - 2 * compute_fwd)
+        tp_comm = tp_f + tp_b            # what the step waits for (the statistics' communication)
+    fwd = compute_fwd + elementwise + tp_f + ep_comm / 2
+    bwd = 2 * compute_fwd + 2 * elementwise + tp_b + ep_comm / 2
     if kind == "full":
-        bwd += compute_fwd + elementwise + (tp_comm + ep_comm) / 2
+        bwd += compute_fwd + elementwise + tp_f + ep_comm / 2
     elif kind == "selective":     # apply_plan re-runs the attention core and the memory-bound ops
         bwd += attn + elementwise
     op_opt = grad_acc = None
