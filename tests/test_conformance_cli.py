@@ -213,7 +213,7 @@ class _StubHandle(PoolHandle):
         super().__init__(1)
         self.behaviours = list(behaviours)
 
-    def get(self, size=None):
+    def get(self, size=None, keep_other=False):
         if self._pool is None:
             self._pools[self.nproc] = _StubPool(self.behaviours.pop(0))
             self.starts += 1

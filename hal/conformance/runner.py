@@ -18,14 +18,17 @@ from hal.testing import WorkerPool
 
 from . import bounds, worker
 from .checks import PREREQUISITES, Check, CheckResult, not_run_because, prerequisites_of, run_check_fn
-from .target import LocalContext, Target
+from .target import LocalContext, Target, on_host
 
 _SIGNALS = {6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM", 7: "SIGBUS", 8: "SIGFPE"}
 
 
 class PoolHandle:
     """Lazily started worker pools, one per world size (the bridge level may need more ranks than
-    --nproc), each replaced after a hang or a death. `nproc` is the default size."""
+    --nproc), each replaced after a hang or a death. `nproc` is the default size. Starting a pool of
+    another size closes the others, or with `keep_other` keeps the most recent one idle (ranks on
+    host tensors: an idle worker holds no device, and the run usually comes back to it, e.g. errors
+    and perf after the bridge's 3 ranks on a 2-rank run)."""
 
     def __init__(self, nproc: int, env: Optional[dict] = None):
         self.nproc = nproc
@@ -37,14 +40,15 @@ class PoolHandle:
     def _pool(self) -> Optional[WorkerPool]:
         return self._pools.get(self.nproc)
 
-    def get(self, size: Optional[int] = None) -> WorkerPool:
+    def get(self, size: Optional[int] = None, keep_other: bool = False) -> WorkerPool:
         size = size or self.nproc
         pool = self._pools.get(size)
         if pool is None or not all(pool.alive()):
             if pool is not None:
-                pool.close(kill=True)
-            for other in [s for s in self._pools if s != size]:
-                self.discard(other)  # one pool at a time: the host's cores are shared
+                self.discard(size)
+            others = [s for s in self._pools if s != size]
+            for other in others[:-1] if keep_other else others:
+                self.discard(other)  # no busy pool beside this one: the host's cores are shared
             self._pools[size] = pool = WorkerPool(size, env=self.env)
             self.starts += 1
         return pool
@@ -111,6 +115,7 @@ class Runner:
         self._prereq_failed: dict[str, CheckResult] = {}  # prerequisite id -> its failed result
         self.bind_timeout_s = bind_timeout_s or bounds.BIND_TIMEOUT_S
         self._one_rank = False  # set by run(): no selected check needs more than rank 0
+        self._keep = on_host(target)  # keep an idle pool of another size (PoolHandle.get)
 
     def run(self, checks: Iterable[Check]) -> list[CheckResult]:
         checks = list(checks)
@@ -197,7 +202,7 @@ class Runner:
         ranks = [0] if check.where == "rank0" else None
         stack = os.path.join(self._stacks, "check")
         try:
-            pool = self.pool.get(size)
+            pool = self.pool.get(size, self._keep)
             outcomes = pool.run(worker.run_check, spec, check.where, check.fn, check.params, stack,
                                 _dump_after(timeout), timeout=timeout, check=False, ranks=ranks)
         except TimeoutError:
@@ -209,7 +214,7 @@ class Runner:
 
     def _start(self, size: int, level: str) -> Optional[str]:
         """Start the pool of `size` ranks if it is not up (spawn + import torch); a message if that hung."""
-        pool = self.pool.get(size)
+        pool = self.pool.get(size, self._keep)
         if id(pool) not in self._started:
             t0 = time.monotonic()
             try:  # spawn + import torch: no plugin code runs yet, so this is not the plugin's time
@@ -226,7 +231,7 @@ class Runner:
     def _bind(self, spec, size: int, timeout: float) -> Optional[str]:
         """Bind `spec` on every rank of the started pool; a message if that hung (remembered: the
         binding is not retried, every later check needing it fails at once)."""
-        pool = self.pool.get(size)
+        pool = self.pool.get(size, self._keep)
         if self._bound.get(id(pool)) == spec:
             return None
         timeout = min(timeout, self.bind_timeout_s)

@@ -108,18 +108,24 @@ class Target:
         return caps
 
 
+def on_host(target: "Target") -> bool:
+    """The chip's ranks share the host and hold no device: its tensors are host tensors, or it runs
+    emulated (or the plugin did not load: nothing binds a device)."""
+    if target.emulated or target.record is None:
+        return True
+    if target.pm is None:
+        return False
+    try:
+        return target.pm.chip(target.chip).torch_device_type == "cpu"
+    except Exception:
+        return False
+
+
 def default_nproc(target: "Target") -> int:
     """--nproc when none is given: 4 ranks (world sizes 2, 3 and 4) where ranks share the host (the chip's
     tensors are host tensors, or it runs emulated), else 2 (one device per rank on a node: a vendor
     passes --nproc up to its device count, 4 or more to cover an odd world size)."""
-    if target.emulated or target.record is None:
-        return 4
-    if target.pm is None:
-        return 2
-    try:
-        return 4 if target.pm.chip(target.chip).torch_device_type == "cpu" else 2
-    except Exception:
-        return 2
+    return 4 if on_host(target) else 2
 
 
 def load_plugin(plugin: str,
