@@ -161,6 +161,20 @@ def test_layouts_keep_their_recompute_kind_and_selective_saves_memory_only_with_
         assert (mem["selective"] == mem["none"]) if fused else (mem["selective"] < mem["none"])
 
 
+def test_tp_overlap_hides_the_tp_collectives_under_the_gemms():
+    # Megatron-Core's --tp-comm-overlap (ModelFacts(tp_overlap=True), used for published runs): only
+    # the TP traffic a pass's GEMMs cannot cover is exposed (this small TP 4 block: part of it); without
+    # the overlap (apply_plan) every collective adds to the pass
+    from hal.strategies.planner.cost import replica_cost
+    facts, _ = _facts(("h", "cuda", "H100", 1, 8))
+    plain = replica_cost(ModelFacts(MID), facts[0], 4, 8, True, False, 2, False, 0, 2, 1)
+    hidden = replica_cost(ModelFacts(MID, tp_overlap=True), facts[0], 4, 8, True, False, 2, False, 0, 2, 1)
+    assert 0 < hidden.tp_comm < plain.tp_comm
+    saved = plain.tp_comm - hidden.tp_comm
+    assert hidden.fwd + hidden.bwd == pytest.approx(plain.fwd + plain.bwd - saved)
+    assert hidden.fwd < plain.fwd and hidden.bwd < plain.bwd
+
+
 def test_selective_recompute_recomputes_attention_only_with_the_same_gradients():
     # apply_plan hands a stage's `recompute` to StageModule: "selective" re-runs only the attention core
     # in backward (torch's selective activation checkpointing), "full" the whole block
