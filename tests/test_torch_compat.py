@@ -146,8 +146,8 @@ def test_gloo_fallbacks_give_what_gloo_gives():
             call("alltoall", a2a, [torch.full((2,), 10.0 * r + i) for i in range(2)], dist.AllToAllOptions()).wait()
             out[how] = (y.tolist(), z.tolist(), rs.tolist(), rst.tolist(), [t.tolist() for t in a2a])
         w = torch.full((2,), 1.0 + r)  # a fallback's future completes after its finishing step
-        out["future"] = fb["allreduce"](pg, [w], _opts(dist.AllreduceOptions, reduceOp=dist.ReduceOp.AVG)
-                                        ).get_future().wait() == [] and w.tolist()
+        got = fb["allreduce"](pg, [w], _opts(dist.AllreduceOptions, reduceOp=dist.ReduceOp.AVG)).get_future().wait()
+        out["future"] = got[0] is w and w.tolist()
         return out
 
     r0, r1 = _two_ranks(case)

@@ -41,11 +41,12 @@ def native_entries() -> frozenset:
 
 
 class FinishWork(dist.Work):
-    """The inner works; once all are done, `finish()` runs once (the division, the copy-out)."""
+    """The inner works; once all are done, `finish()` runs once (the division, the copy-out). Its
+    result is the op's output tensors, as gloo's own work gives them."""
 
-    def __init__(self, inner: list, finish: Callable[[], None]):
+    def __init__(self, inner: list, finish: Callable[[], None], outputs: list):
         super().__init__()
-        self._inner, self._finish, self._done = inner, finish, False
+        self._inner, self._finish, self._done, self._outputs = inner, finish, False, list(outputs)
 
     def _complete(self) -> None:
         if not self._done:
@@ -72,7 +73,7 @@ class FinishWork(dist.Work):
 
     def result(self) -> list:
         self.wait()
-        return []
+        return self._outputs
 
     def get_future(self) -> torch.futures.Future:
         futs = [w.get_future() for w in self._inner]
@@ -81,7 +82,7 @@ class FinishWork(dist.Work):
             for f in fut.value():
                 f.value()  # re-raises the op's error
             self._complete()
-            return []
+            return self._outputs
         return torch.futures.collect_all(futs).then(done)
 
 
@@ -116,13 +117,13 @@ def _allreduce(pg: Any, tensors: list, opts: Any = None) -> dist.Work:
     """all_reduce AVG as SUM, then a division on every rank."""
     _only_avg(pg, "all_reduce", opts)
     work = pg.allreduce(tensors, _opts(dist.AllreduceOptions, dist.ReduceOp.SUM))
-    return FinishWork([work], _divide(tensors, pg.size()))
+    return FinishWork([work], _divide(tensors, pg.size()), tensors)
 
 
 def _allreduce_coalesced(pg: Any, tensors: list, opts: Any = None) -> dist.Work:
     _only_avg(pg, "all_reduce_coalesced", opts)
     work = pg.allreduce_coalesced(tensors, _opts(dist.AllreduceCoalescedOptions, dist.ReduceOp.SUM))
-    return FinishWork([work], _divide(tensors, pg.size()))
+    return FinishWork([work], _divide(tensors, pg.size()), tensors)
 
 
 def _reduce(pg: Any, tensors: list, opts: Any) -> dist.Work:
@@ -130,7 +131,7 @@ def _reduce(pg: Any, tensors: list, opts: Any) -> dist.Work:
     _only_avg(pg, "reduce", opts)
     root = opts.rootRank
     work = pg.reduce(tensors, _opts(dist.ReduceOptions, dist.ReduceOp.SUM, rootRank=root, rootTensor=opts.rootTensor))
-    return FinishWork([work], _divide(tensors if pg.rank() == root else [], pg.size()))
+    return FinishWork([work], _divide(tensors if pg.rank() == root else [], pg.size()), tensors)
 
 
 def _all_reduce_then_slice(pg: Any, out: torch.Tensor, flat: torch.Tensor, offset: int, op: Any) -> FinishWork:
@@ -139,7 +140,7 @@ def _all_reduce_then_slice(pg: Any, out: torch.Tensor, flat: torch.Tensor, offse
 
     def finish() -> None:
         out.copy_(flat[offset:offset + out.numel()].view_as(out))
-    return FinishWork([work], finish)
+    return FinishWork([work], finish, [out])
 
 
 def _reduce_scatter(pg: Any, outputs: list, inputs: list, opts: Any = None) -> dist.Work:
@@ -157,7 +158,7 @@ def _reduce_scatter_base(pg: Any, out: torch.Tensor, inp: torch.Tensor, opts: An
 
 def _reduce_scatter_tensor_coalesced(pg: Any, outs: list, ins: list, opts: Any = None) -> dist.Work:
     works = [_reduce_scatter_base(pg, o, i, opts) for o, i in zip(outs, ins)]
-    return FinishWork(works, lambda: None)
+    return FinishWork(works, lambda: None, outs)
 
 
 def _alltoall(pg: Any, outs: list, ins: list, opts: Any = None) -> dist.Work:
@@ -170,7 +171,7 @@ def _alltoall(pg: Any, outs: list, ins: list, opts: Any = None) -> dist.Work:
     def finish() -> None:
         for t, piece in zip(outs, dst.split([o.numel() for o in outs])):
             t.copy_(piece.view_as(t))
-    return FinishWork([work], finish)
+    return FinishWork([work], finish, outs)
 
 
 # ProcessGroupGloo method name -> its fallback (called with the HAL group and the method's arguments)
