@@ -13,7 +13,9 @@ Conventions (each a stated assumption, printed in docs/planner.md):
   - activations: ModelConfig.activation_bytes(attention="fused") (REFERENCE.md without the s x s
     score term); full recompute keeps 2 s h per layer (the input).
   - tensor parallel costs 4 all-reduce-equivalents of b s h bf16 per layer per micro-batch (2 forward,
-    2 backward) on the intra-node link, not overlapped with compute.
+    2 backward) on the intra-node link, not overlapped with compute (apply_plan's TP; a published
+    Megatron-Core run's --tp-comm-overlap: ModelFacts(tp_overlap=True)).
+  - other runtimes, for published runs: ModelFacts(sequence_parallel=, fused_attention=, vocab_parallel=).
   - collectives use the ring / hierarchical formulas of nccl-tests and the bridge (hal.collectives'
     busbw factors): all_reduce moves 2(n-1)/n of the buffer per rank.
 """
