@@ -66,9 +66,9 @@ def test_vendor_plugin_passes_emulated(plugin, pool):
     report = run_suite(target, ["contract", "runtime", "ops", "errors", "collectives"], pool=pool)
     _assert_passes(report)
     assert report.summary["passed"] > 400
-    # every combination was asked: declared ones gave the golden result, the others a typed refusal
+    # every combination was asked (none failed, above): declared ones gave the golden result at world
+    # size 2, undeclared ones a typed refusal
     coll = [r for r in report.results if r.id.startswith("collectives.") and r.id.count(".") >= 2]
-    assert coll and all(r.status == "passed" for r in coll)
     assert any("refused as the hookspec asks" in r.message for r in coll), plugin
     assert any("cases correct at world sizes [2]" in r.message for r in coll), plugin
 
