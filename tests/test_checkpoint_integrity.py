@@ -136,7 +136,7 @@ def _config(run_dir: Path, **extra) -> dict:
            "optimizer": {"lr": 3e-3, "warmup_steps": 1},
            "plan": {"source": "even"},
            "checkpoint": {"interval": 1},
-           "log": {"dir": str(run_dir), "val_interval": 0, "val_batches": 1},
+           "log": {"dir": str(run_dir), "val_interval": 0, "val_batches": 1, "plots": False},
            "train": {"on_nonfinite": "skip", "max_skipped": 1},
            "debug": {"faults": [{"action": "nan_grad", "rank": 1, "step": 3}]}}
     cfg.update(extra)

@@ -112,7 +112,7 @@ def _config(run_dir: Path, precision: str, **plan) -> dict:
             "data": {"max_bytes": 1 << 18}, "optimizer": {"lr": 3e-3, "warmup_steps": 2},
             "plan": {"source": "even", **plan}, "checkpoint": {"enabled": False},
             "train": {"precision": precision},
-            "log": {"dir": str(run_dir), "val_interval": 0, "val_batches": 1}}
+            "log": {"dir": str(run_dir), "val_interval": 0, "val_batches": 1, "plots": False}}
 
 
 def test_bf16_and_fp32_runs_reach_the_same_validation_loss(tmp_path):

@@ -115,7 +115,7 @@ def _config(run_dir: Path) -> dict:
             "data": {"max_bytes": 1 << 19}, "optimizer": {"warmup_steps": 2},
             "plan": {"source": "even"}, "checkpoint": {"enabled": False},
             "slow_node": {"threshold": 0.5, "window": 3, "replan": True},
-            "log": {"dir": str(run_dir), "val_interval": 0, "val_batches": 1}}
+            "log": {"dir": str(run_dir), "val_interval": 0, "val_batches": 1, "plots": False}}
 
 
 @pytest.fixture(scope="module")

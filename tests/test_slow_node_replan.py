@@ -50,6 +50,7 @@ dir = "{run_dir}"
 val_interval = 0
 val_batches = 1
 print_interval = 1
+plots = false
 [debug]
 throttle = {{ 1 = 4.0 }}
 """)

@@ -38,7 +38,7 @@ def _config(run_dir: Path, **extra) -> dict:
            # 2 pipeline stages (cuda ranks 0,1 | ascend ranks 2,3) x 2 DP replicas, 2 micro-batches
            "plan": {"source": "even", "pp": 2, "num_microbatches": 2},
            "checkpoint": {"enabled": False},  # checkpoints and resume: tests/test_trainer_resume.py
-           "log": {"dir": str(run_dir), "val_interval": 6, "val_batches": 2}}
+           "log": {"dir": str(run_dir), "val_interval": 6, "val_batches": 2, "plots": False}}  # PNGs: test_trainer_metrics
     cfg.update(extra)
     return cfg
 
@@ -130,7 +130,7 @@ def _run(pool, config: dict) -> list[dict]:
 
 
 def test_train_lowers_loss_and_writes_metrics_and_tensorboard(pool, tmp_path):
-    log_a = {"dir": str(tmp_path / "a"), "val_interval": 6, "val_batches": 2, "tensorboard": True}
+    log_a = {"dir": str(tmp_path / "a"), "val_interval": 6, "val_batches": 2, "tensorboard": True, "plots": False}
     a = _run(pool, _config(tmp_path / "a", log=log_a))  # run a also writes TensorBoard event files
     assert [r["chip"] for r in a] == ["cuda", "cuda", "ascend", "ascend"]
     val = a[0]["final_val_loss"]

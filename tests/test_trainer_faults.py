@@ -57,6 +57,7 @@ interval = 2
 dir = "{run_dir}"
 val_interval = 0
 print_interval = 1
+plots = false
 {faults}""")
     return path
 

@@ -38,7 +38,7 @@ def _config(run_dir: Path, **extra) -> dict:
            "optimizer": {"lr": 1e-2, "warmup_steps": 2},
            "plan": {"source": "even"},
            "checkpoint": {"enabled": False},
-           "log": {"dir": str(run_dir), "val_interval": 6, "val_batches": 2}}
+           "log": {"dir": str(run_dir), "val_interval": 6, "val_batches": 2, "plots": False}}  # the GPT run draws them
     cfg.update(extra)
     return cfg
 
@@ -205,6 +205,7 @@ def _reference_grad_norm(cfg: dict) -> float:
 
 def test_gpt_on_2_1_1_metrics_and_grad_norm(pool, tmp_path):
     cfg = _config(tmp_path / "gpt", plan={"source": "even", "pp": 2, "num_microbatches": 2})
+    cfg["log"]["plots"] = True  # this run's PNGs are checked below
     out = _run(pool, cfg)
     assert [r["chip"] for r in out] == CHIPS
     val = out[0]["final_val_loss"]
@@ -308,7 +309,7 @@ def test_timed_split_bubble_with_pipeline_none_without(pool, tmp_path):
     """Timed emulation (chips EMULATED at their catalog speeds / time scale): a 2-stage pipeline
     (cuda ranks 0,1 | kunlun 2, ascend 3, 2 micro-batches) idles every rank at the stage boundary;
     pure DP over the 4 ranks has no p2p op at all, and waits in its gradient all_reduce."""
-    short = {"steps": 6, "log": {"dir": "", "val_interval": 0, "val_batches": 1}}
+    short = {"steps": 6, "log": {"dir": "", "val_interval": 0, "val_batches": 1, "plots": False}}
 
     def cfg(name, plan):
         c = _config(tmp_path / name, plan=plan, **{k: v for k, v in short.items() if k != "log"})

@@ -44,7 +44,7 @@ def _config(run_dir: Path, plan=None, **extra) -> dict:
            "optimizer": {"lr": 3e-3, "warmup_steps": 2},
            "plan": plan or PP2_DP2,
            "checkpoint": {"interval": 4},
-           "log": {"dir": str(run_dir), "val_interval": 0, "val_batches": 1}}
+           "log": {"dir": str(run_dir), "val_interval": 0, "val_batches": 1, "plots": False}}
     cfg.update(extra)
     return cfg
 

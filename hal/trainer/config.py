@@ -149,6 +149,8 @@ class LogSection(_Section):
                               "(the tensorboard extra; hal.trainer.sinks)")
     sinks: list[str] = Field(default_factory=list, description="more metric sinks, 'module:factory' each: "
                              "factory(run_dir, chips) -> a hal.trainer.sinks.MetricSink")
+    plots: bool = Field(default=True, description="draw the run's PNG plots at its end (rank 0, matplotlib, about "
+                        "a second); false for scripted runs: metrics.jsonl and summary.json hold the same figures")
 
     @model_validator(mode="after")
     def _extra(self) -> "LogSection":

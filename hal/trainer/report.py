@@ -78,8 +78,8 @@ def split_lines(summary: dict) -> list[str]:
     return lines
 
 
-def end_report(cfg, summary: dict) -> None:
-    """The closing lines (after summary.json is written: the plots read it)."""
+def _plots(cfg, summary: dict) -> None:
+    """The run's PNG plots (hal.trainer.plots) and their line; `log.plots = false` skips this."""
     try:
         from .plots import plot_run
         pngs = plot_run(cfg.run_dir, [c["chip"] for c in summary["chips"]],
@@ -88,6 +88,12 @@ def end_report(cfg, summary: dict) -> None:
             log.info("  plots: " + ", ".join(str(p) for p in pngs))
     except ImportError as exc:  # matplotlib is the [train] extra's
         log.info(f"  plots: not drawn ({exc}; pip install 'hetero-hal[train]')")
+
+
+def end_report(cfg, summary: dict) -> None:
+    """The closing lines (after summary.json is written: the plots read it)."""
+    if cfg.log.plots:
+        _plots(cfg, summary)
     tps = summary.get("tokens_per_s_chip_median") or {}
     mfu = summary.get("mfu_chip_median") or {}
     peaks = {c: p for c, p in (summary.get("mfu_peaks") or {}).items()}
