@@ -11,7 +11,6 @@ cannot pass. The last test runs `hal demo` (the README's main job) for a few ste
 """
 import pytest
 
-from hal.testing import WorkerPool
 
 from . import _strategy_cases as cases
 
@@ -22,12 +21,12 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with WorkerPool(4, env={"HAL_EMULATE": EMULATE}) as p:
-        info = p.run(cases.init, BACKEND, timeout=120)
-        assert [i["chip"] for i in info] == ["cuda", "cuda", "ascend", "ascend"], info
-        assert all(i["emulated"] for i in info) and {i["backend"] for i in info} == {BACKEND}, info
-        yield p
+def pool(shared_pools):
+    p = shared_pools.get(4, {"HAL_EMULATE": EMULATE})  # test_planner_moe_runtime's ranks too
+    info = p.run(cases.init, BACKEND, timeout=300)
+    assert [i["chip"] for i in info] == ["cuda", "cuda", "ascend", "ascend"], info
+    assert all(i["emulated"] for i in info) and {i["backend"] for i in info} == {BACKEND}, info
+    return p
 
 
 def _check(result: dict, expect_names=None) -> None:

@@ -14,7 +14,6 @@ model before commit a31aee1 divided the experts by TP (x 0.5 here) and ZeRO-shar
 """
 import pytest
 
-from hal.testing import WorkerPool
 from hal.core.topology import Topology
 from hal.strategies.models import ModelConfig
 from hal.strategies.plan import Plan
@@ -30,11 +29,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with WorkerPool(4, env={"HAL_EMULATE": "cuda:2,ascend:2", "OMP_NUM_THREADS": "1"}) as p:
-        info = p.run(cases.init, timeout=180)
-        assert [i["chip"] for i in info] == ["cuda", "cuda", "ascend", "ascend"] and all(i["emulated"] for i in info)
-        yield p
+def pool(shared_pools):
+    p = shared_pools.get(4, {"HAL_EMULATE": "cuda:2,ascend:2"})  # test_bridge_strategies' ranks too
+    info = p.run(cases.init, timeout=300)
+    assert [i["chip"] for i in info] == ["cuda", "cuda", "ascend", "ascend"] and all(i["emulated"] for i in info)
+    return p
 
 
 @pytest.mark.parametrize("zero", [0, 2, 3])

@@ -19,23 +19,21 @@ per forward, see hal/strategies/moe.py); the dense reference is one forward of t
 """
 import pytest
 
-from hal.testing import WorkerPool
 
 from . import _pp_cases as cases
 from ._pp_cases import plan
 
 EMULATE = "cuda:3,kunlun:2,ascend:1"
-ENV = {"HAL_EMULATE": EMULATE, "OMP_NUM_THREADS": "1"}
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with WorkerPool(6, env=ENV) as p:
-        info = p.run(cases.init, "hetero", timeout=180)
-        assert [i["chip"] for i in info] == ["cuda"] * 3 + ["kunlun"] * 2 + ["ascend"], info
-        assert all(i["emulated"] for i in info), info
-        yield p
+def pool(shared_pools):
+    p = shared_pools.get(6, {"HAL_EMULATE": EMULATE})  # the other test_strategies_* modules' ranks
+    info = p.run(cases.init, "hetero", timeout=300)
+    assert [i["chip"] for i in info] == ["cuda"] * 3 + ["kunlun"] * 2 + ["ascend"], info
+    assert all(i["emulated"] for i in info), info
+    return p
 
 
 # stage = ((first layer, end layer), [(TP ranks, rows of each micro-batch), ...])

@@ -18,7 +18,6 @@ uneven plan, so the comparison has teeth.
 """
 import pytest
 
-from hal.testing import WorkerPool
 from hal.core.topology import Topology
 from hal.strategies.plan import Plan
 
@@ -34,12 +33,12 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with WorkerPool(6, env={"HAL_EMULATE": EMULATE}) as p:
-        info = p.run(cases.init, "hetero", timeout=180)
-        assert [i["chip"] for i in info] == CHIPS, info
-        assert all(i["emulated"] for i in info) and {i["backend"] for i in info} == {"hetero"}, info
-        yield p
+def pool(shared_pools):
+    p = shared_pools.get(6, {"HAL_EMULATE": EMULATE})  # the other test_strategies_* modules' ranks
+    info = p.run(cases.init, "hetero", timeout=300)
+    assert [i["chip"] for i in info] == CHIPS, info
+    assert all(i["emulated"] for i in info) and {i["backend"] for i in info} == {"hetero"}, info
+    return p
 
 
 def topology(ranks):

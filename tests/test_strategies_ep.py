@@ -18,7 +18,6 @@ unreduced gradients cannot pass.
 """
 import pytest
 
-from hal.testing import WorkerPool
 
 from . import _strategy_ep_cases as cases
 
@@ -37,11 +36,11 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with WorkerPool(6, env={"HAL_EMULATE": EMULATE}) as p:
-        info = p.run(cases.init, timeout=300)  # a bound, not a timing: start-up on a loaded host
-        assert [i["chip"] for i in info] == CHIPS and all(i["emulated"] for i in info), info
-        yield p
+def pool(shared_pools):
+    p = shared_pools.get(6, {"HAL_EMULATE": EMULATE})  # the other test_strategies_* modules' ranks
+    info = p.run(cases.init, timeout=300)  # a bound, not a timing: start-up on a loaded host
+    assert [i["chip"] for i in info] == CHIPS and all(i["emulated"] for i in info), info
+    return p
 
 
 def _check(r: dict) -> None:
