@@ -9,7 +9,8 @@ MASTER_PORT) plus `env` (a dict for every rank, or a list with one dict per rank
 function's module is imported. As torchrun does for more than one process per node, OMP_NUM_THREADS
 defaults to 1 (an `env` entry overrides it): N ranks with a thread per core each oversubscribe the
 host's cores, and an intra-op parallel region then waits for a descheduled sibling thread (measured on
-this 2-core host under load: a 128x32 by 32x64 linear 0.09 ms with one thread, 10.5 ms with two). Functions must be importable (module-level). A worker that raises
+this 2-core host under load: a 128x32 by 32x64 linear 0.09 ms with one thread, 10.5 ms with two).
+Functions must be importable (module-level). A worker that raises
 reports its traceback; a worker that dies is reported as dead; a run that outlives `timeout` kills
 the pool (no hang) and raises.
 """
