@@ -215,3 +215,29 @@ def test_selective_recompute_recomputes_attention_only_with_the_same_gradients()
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(grads["none"], grads["selective"]))
     assert seen["none"]["attn"] == 2 and seen["selective"]["attn"] == 4 and seen["full"]["attn"] == 4
     assert seen["selective"]["mm"] == seen["none"]["mm"] < seen["full"]["mm"]     # no GEMM re-run
+
+
+def test_moe_step_grows_by_the_router_and_dispatch_bytes_over_memory_bandwidth(monkeypatch):
+    # Megatron's and hal.strategies.moe's MoE layer permutes every routed row to its expert, sorts the
+    # received rows into local-expert order and back (EP, several local experts), un-permutes and sums
+    # the k outputs of each token, and runs a fp32 softmax/top-k over the router logits: memory-bound
+    # passes over these bytes, forward and again backward, at the chip's memory bandwidth
+    from hal.strategies.planner import cost
+    facts, _ = _facts(("h", "cuda", "H100", 1, 8))
+    f = facts[0]
+    moe = ModelConfig(name="moe", layers=4, hidden=1024, heads=16, ffn=2816, vocab=32000, seq=1024, experts=8,
+                      top_k=2)
+    layers, mb, ep = 4, 2, (4, f.intra_bw)
+    T, k, E, B, h = 1024 * mb, 2, 8, 2, 1024           # 2 local experts of 8 over EP 4: the sort runs
+    router = T * E * (B + 4 + 4) + T * k * (4 + 8)
+    rows = 2 * k * T * h * B + (k + 1) * T * h * B + 2 * 2 * k * T * h * B
+    want = layers * (router + rows) / f.memory_bw
+    args = (f, 1, layers, True, False, mb, "none", 0, 8, 1)
+    with_ = cost.replica_cost(ModelFacts(moe), *args, ep=ep, experts_local=2)
+    monkeypatch.setattr(cost, "moe_dispatch_bytes", lambda *a: 0.0)
+    without = cost.replica_cost(ModelFacts(moe), *args, ep=ep, experts_local=2)
+    assert want > 0
+    assert with_.fwd - without.fwd == pytest.approx(want, rel=1e-9)
+    assert with_.bwd - without.bwd == pytest.approx(want, rel=1e-9)
+    monkeypatch.undo()
+    assert cost.moe_dispatch_bytes(ModelFacts(SMALL), mb, None, None) == 0.0      # dense: no such pass

@@ -39,6 +39,8 @@ LOSS_COPIES = 4          # logits, log-softmax, and their gradients (s x vocab f
 # writes its output and its 1-byte mask (5), the AV GEMM reads them (2) (Megatron-LM's 2021-22 core)
 SCORE_BYTES = 13
 BRIDGE_STAGING = 2 * 64 * 2**20   # the bridge's preallocated host/device staging slots per rank
+ROUTER_BYTES = 4        # the router's softmax and top-k run in fp32 (Megatron-Core's topk_softmax_with_capacity)
+INDEX_BYTES = 8         # an int64 expert index per routed row
 
 
 class ModelFacts:
@@ -248,10 +250,12 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     if m.tp_overlap:                     # hidden under the pass's GEMMs (backward: twice the forward's)
         tp_f, tp_b = max(0.0, tp_f - compute_fwd), max(0.0, tp_b - 2 * compute_fwd)
         tp_comm = tp_f + tp_b            # what the step waits for (the statistics' communication)
-    fwd = compute_fwd + elementwise + tp_f + ep_comm / 2
-    bwd = 2 * compute_fwd + 2 * elementwise + tp_b + ep_comm / 2
+    # MoE router and dispatch passes: memory-bound, the same bytes forward and backward (moe_dispatch_bytes)
+    dispatch = n_layers * moe_dispatch_bytes(m, mb, experts_local, ep) / f.memory_bw
+    fwd = compute_fwd + elementwise + dispatch + tp_f + ep_comm / 2
+    bwd = 2 * compute_fwd + 2 * elementwise + dispatch + tp_b + ep_comm / 2
     if kind == "full":
-        bwd += compute_fwd + elementwise + tp_f + ep_comm / 2
+        bwd += compute_fwd + elementwise + dispatch + tp_f + ep_comm / 2
     elif kind == "selective":     # apply_plan re-runs the attention core and the memory-bound ops
         bwd += attn + elementwise
     op_opt = grad_acc = None
@@ -292,8 +296,12 @@ def _forward_seconds(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, last: 
         gmb = group_mb if group_mb is not None else mb
         tokens = m.seq * mb
         per_expert = m.seq * gmb * m.top_k / m.experts        # a balanced router's tokens per expert
+        # each expert's GEMMs at the matrix's fraction for their own small M (the rows routed to it):
+        # w1 and w3 are (M, ffn, h), w2 is (M, h, ffn); the router one (tokens, E, h) GEMM
+        gemm = per_expert * m.hidden * m.ffn
         secs += n_layers * (2 * tokens * m.hidden * m.experts / _rate(f, tokens, m.experts, m.hidden)
-                            + e_local * 3 * 2 * per_expert * m.hidden * m.ffn / _rate(f, per_expert, m.ffn, m.hidden))
+                            + e_local * 2 * gemm * (2 / _rate(f, per_expert, m.ffn, m.hidden)
+                                                    + 1 / _rate(f, per_expert, m.hidden, m.ffn)))
     if last:
         tokens, vt = m.seq * mb, (tp if m.vocab_parallel else 1)
         secs += m.head_fwd_flops() * mb / vt / _rate(f, tokens, m.vocab / vt, m.hidden)
@@ -302,6 +310,33 @@ def _forward_seconds(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, last: 
     if not m.fused_attention:      # the score tensor's traffic (its heads are split over TP)
         act += SCORE_BYTES * m.heads / tp * m.seq ** 2 * mb * n_layers
     return secs, act / f.memory_bw, n_layers * attn
+
+
+def moe_dispatch_bytes(m: ModelFacts, mb: int, experts_local: Optional[int],
+                       ep: Optional[tuple[int, float]]) -> float:
+    """Memory traffic of one MoE layer's forward beyond its GEMMs, for a micro-batch of `mb` samples
+    (T = s x mb tokens, k = top_k, E experts, B bytes per activation element); 0 for a dense model.
+    Each pass is memory-bound (priced at ChipFacts.memory_bw by the caller); its backward moves the
+    same bytes (the gradient of a gather is a scatter-add over the same rows and vice versa), so the
+    caller charges it once forward and once backward. Both runtimes have these passes: Megatron-Core's
+    alltoall token dispatcher (permute / sort_chunks_by_idxs / unpermute) and hal.strategies.moe
+    (index gather, argsort by destination, index_add back).
+      - router: softmax reads the T x E logits (B) and writes fp32 scores, top-k reads them and
+        writes k fp32 probabilities and int64 indices per token: T E (B + 2 x 4) + T k (4 + 8);
+      - permute: every routed row is read from its token and written to its expert's place: 2 k T h B;
+      - unpermute: the k routed outputs of a token read, scaled by their probabilities and summed
+        into one row: (k + 1) T h B;
+      - with EP and more than one local expert, the received rows are sorted from (source rank,
+        expert) into expert order before the experts and back after: 2 x 2 k T h B."""
+    if not m.experts:
+        return 0.0
+    tokens, k, row = m.seq * mb, m.top_k, m.hidden * m.dtype_bytes
+    router = tokens * m.experts * (m.dtype_bytes + 2 * ROUTER_BYTES) + tokens * k * (ROUTER_BYTES + INDEX_BYTES)
+    moved = 2 * k * tokens * row + (k + 1) * tokens * row
+    e_local = experts_local if experts_local is not None else m.experts
+    if ep is not None and ep[0] > 1 and e_local > 1:
+        moved += 4 * k * tokens * row
+    return router + moved
 
 
 def _rate(f: ChipFacts, mm: float, n: float, k: float) -> float:
