@@ -52,7 +52,8 @@ bed = make_bed_fixture(lambda: BedSpec.of_sub_clusters([("cuda", [1, 2]), ("asce
 
 
 def _config(tmp: Path, name: str, model: str, cluster: str, steps: int, extra: str = "") -> Path:
-    """A tiny run: timed emulation at a small time scale (charged time well below the compute)."""
+    """A tiny run: timed emulation at a small time scale (charged time well below the compute), float32
+    ops charged at the chips' bfloat16 rate (the 910B2 has no float32 figure)."""
     cfg = tmp / f"{name}.toml"
     cfg.write_text(f"""seed = 5
 steps = {steps}
