@@ -15,6 +15,9 @@ Conventions (each a stated assumption, printed in docs/planner.md):
   - tensor parallel costs 4 all-reduce-equivalents of b s h bf16 per layer per micro-batch (2 forward,
     2 backward) on the intra-node link, not overlapped with compute (apply_plan's TP; a published
     Megatron-Core run's --tp-comm-overlap: ModelFacts(tp_overlap=True)).
+  - MoE: the router's softmax/top-k and the token permute / local-expert sort / un-permute are
+    memory-bound passes (moe_dispatch_bytes), charged forward and again backward; the EP all_to_all
+    is never overlapped (apply_plan's, and Megatron-Core's without its opt-in EP overlap).
   - other runtimes, for published runs: ModelFacts(sequence_parallel=, fused_attention=, vocab_parallel=).
   - collectives use the ring / hierarchical formulas of nccl-tests and the bridge (hal.collectives'
     busbw factors): all_reduce moves 2(n-1)/n of the buffer per rank.
