@@ -25,7 +25,7 @@ from torch.distributed import PrefixStore
 
 import hal
 from hal.contract.compat import register_backend
-from hal.emulation.emulate import cpu_fabric_capabilities
+from hal.emulation.gloo_fallback import native_capabilities
 
 from .ccl import Ccl
 from .config import BridgeConfig
@@ -64,7 +64,7 @@ def exchange_identities(store, rank: int, size: int, config: BridgeConfig) -> li
 def build_fabric(store, rank: int, size: int, timeout: timedelta, topo: Topology, config: BridgeConfig,
                  global_ranks: Optional[list[int]] = None, group_id: str = "") -> Fabric:
     acc = hal.accelerator()
-    gloo_caps = cpu_fabric_capabilities("gloo")
+    gloo_caps = native_capabilities()  # raw gloo groups below: what this torch's gloo does (2.5: less)
     inner: list[Any] = []
     granks = global_ranks or list(range(size))
 

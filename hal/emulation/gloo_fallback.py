@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from hal.contract.capabilities import reduce_op_name
+from hal.contract.capabilities import CapabilityMatrix, reduce_op_name
 from hal.contract.compat import gloo_measured_file
 from hal.contract.errors import NotSupportedError
 
@@ -38,6 +38,13 @@ def native_entries() -> frozenset:
     """(collective, dtype, op) entries this torch's own ProcessGroupGloo supports, as measured."""
     data = json.loads((resources.files("hal") / "data" / gloo_measured_file()).read_text())
     return frozenset(tuple(e) for e in data["entries"])
+
+
+def native_capabilities() -> CapabilityMatrix:
+    """What torch's own ProcessGroupGloo does right on this torch: the matrix for a raw gloo group
+    (the bridge's global and rail groups), as opposed to the HAL's gloo group with its fallbacks."""
+    return CapabilityMatrix(chip="cpu", entries=native_entries(),
+                            source=f"torch's own gloo, hal/data/{gloo_measured_file()}")
 
 
 class FinishWork(dist.Work):

@@ -111,6 +111,10 @@ def _float_values(g: torch.Generator, dtype: str, n: int, kind: str) -> torch.Te
         x = torch.where((pick >= 0.2) & (pick < 0.25), extreme, x)
         if has_inf:
             x = torch.where((pick >= 0.25) & (pick < 0.28), sign * math.inf, x)
+    if kind == "move" and n:  # set in float64 (exact; torch 2.5 cannot index float8 on CPU), then cast
+        specials = torch.tensor([math.nan, -0.0, 0.0], dtype=torch.float64)
+        idx = torch.arange(0, n, 5)[: n]  # every fifth element cycles through NaN, -0.0, 0.0
+        x[idx] = specials[torch.arange(idx.numel()) % 3]
     out = x.to(td)
     if kind == "order":
         # No zeros: max(+0, -0) may return either; a zero from rounding becomes the smallest subnormal.
@@ -118,10 +122,6 @@ def _float_values(g: torch.Generator, dtype: str, n: int, kind: str) -> torch.Te
         wide = out.to(torch.float64)
         out = torch.where(wide == 0, torch.tensor(fi.tiny * 0.5, dtype=torch.float64).to(td).to(torch.float64),
                           wide).to(td)
-    if kind == "move" and n:
-        specials = torch.tensor([math.nan, -0.0, 0.0], dtype=torch.float64).to(td)
-        idx = torch.arange(0, n, 5)[: n]  # every fifth element cycles through NaN, -0.0, 0.0
-        out[idx] = specials[torch.arange(idx.numel()) % 3]
     return out
 
 
