@@ -22,7 +22,6 @@ from datetime import timedelta
 import pytest
 import torch
 
-from hal.testing import WorkerPool
 
 EMULATE = "cuda:2,ascend:2"
 SEED, STEPS, GLOBAL_BATCH = 5, 2, 8
@@ -110,9 +109,9 @@ def meta_case() -> dict:
 
 
 @pytest.fixture(scope="module")
-def results():
-    with WorkerPool(4, env={"HAL_EMULATE": EMULATE, "OMP_NUM_THREADS": "1"}) as pool:
-        return pool.run(meta_case, timeout=240)
+def results(shared_pools):
+    pool = shared_pools.get(4, {"HAL_EMULATE": "cuda:2,ascend:2", "OMP_NUM_THREADS": "1"})  # one pool for test_train, test_trainer_resume, test_precision, test_meta_build (tests/conftest.py)
+    return pool.run(meta_case, timeout=240)
 
 
 def test_each_rank_holds_about_its_share(results):

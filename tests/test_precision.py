@@ -115,11 +115,11 @@ def _config(run_dir: Path, precision: str, **plan) -> dict:
             "log": {"dir": str(run_dir), "val_interval": 0, "val_batches": 1, "plots": False}}
 
 
-def test_bf16_and_fp32_runs_reach_the_same_validation_loss(tmp_path):
+def test_bf16_and_fp32_runs_reach_the_same_validation_loss(tmp_path, shared_pools):
     plan = {"pp": 2, "zero": 2, "num_microbatches": 2}
-    with WorkerPool(4, env={"HAL_EMULATE": "cuda:2,ascend:2", "OMP_NUM_THREADS": "1"}) as pool:
-        fp32 = pool.run(_train_cases.run, _config(tmp_path / "fp32", "fp32", **plan), timeout=240)
-        bf16 = pool.run(_train_cases.run, _config(tmp_path / "bf16", "bf16", **plan), timeout=240)
+    pool = shared_pools.get(4, {"HAL_EMULATE": "cuda:2,ascend:2", "OMP_NUM_THREADS": "1"})  # one pool for test_train, test_trainer_resume, test_precision, test_meta_build (tests/conftest.py)
+    fp32 = pool.run(_train_cases.run, _config(tmp_path / "fp32", "fp32", **plan), timeout=240)
+    bf16 = pool.run(_train_cases.run, _config(tmp_path / "bf16", "bf16", **plan), timeout=240)
     a, b = fp32[0]["final_val_loss"], bf16[0]["final_val_loss"]
     print(f"final validation loss after {STEPS} steps, emulated cuda:2,ascend:2: fp32 {a:.4f}, bf16 {b:.4f}, "
           f"|difference| {abs(a - b):.4f} nats (tolerance {VAL_TOL})")

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from hal.testing import WorkerPool
 from hal.trainer.config import TrainConfig, TrainConfigError
 from hal.trainer.data import Corpus, replica_rows, stdlib_dir, train_batch
 
@@ -120,9 +119,8 @@ def test_trainer_modules_import_without_the_train_extra():
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with WorkerPool(4, env={"HAL_EMULATE": EMULATE, "OMP_NUM_THREADS": "1"}) as p:
-        yield p
+def pool(shared_pools):
+    return shared_pools.get(4, {"HAL_EMULATE": "cuda:2,ascend:2", "OMP_NUM_THREADS": "1"})  # one pool for test_train, test_trainer_resume, test_precision, test_meta_build (tests/conftest.py)
 
 
 def _run(pool, config: dict) -> list[dict]:

@@ -97,9 +97,8 @@ def _max_diff(a: dict, b: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with WorkerPool(4, env={"HAL_EMULATE": "cuda:2,ascend:2", "OMP_NUM_THREADS": "1"}) as p:
-        yield p
+def pool(shared_pools):
+    return shared_pools.get(4, {"HAL_EMULATE": "cuda:2,ascend:2", "OMP_NUM_THREADS": "1"})  # one pool for test_train, test_trainer_resume, test_precision, test_meta_build (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
