@@ -124,7 +124,7 @@ class Placed:
             after = base.detach().to("cpu")
             if writes:
                 if (~inside).any():
-                    why = verdict_exact(after[~inside], before[~inside])
+                    why = verdict_exact(_pick(after, ~inside), _pick(before, ~inside))
                     if why:
                         out.append((f"{name}: elements outside the view (neighbours in the caller's buffer)",
                                     f"overwritten: {why}"))
@@ -133,6 +133,13 @@ class Placed:
                 if why:
                     out.append((f"{name} (an input)", f"changed by the call: {why}"))
         return out
+
+
+def _pick(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """t[mask], through the bytes for float8 (torch 2.5 cannot index float8 on CPU)."""
+    if t.is_floating_point() and t.element_size() == 1:
+        return t.view(torch.uint8)[mask].view(t.dtype)
+    return t[mask]
 
 
 def _base_of(view: torch.Tensor, layout: str, total: int) -> torch.Tensor:
