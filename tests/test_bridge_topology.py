@@ -76,6 +76,18 @@ def test_interleaved_ranks_and_emulated_vs_native_split():
     assert t.cluster_of == (0, 1, 0, 2) and t.index_in_cluster == (0, 0, 1, 0)
 
 
+def test_block_all_to_all_is_one_decision_for_the_whole_group():
+    # every member of a rail must speak one all_to_all protocol: blocks (tag = source) only when no rank
+    # stages through host memory; a native CUDA rank among host ranks makes the whole group pack per peer
+    # (a per-rank choice timed out in tests/test_native_lane.py's native case on an H100)
+    from hal.ccl_bridge.backend import block_all_to_all
+    from hal.ccl_bridge.config import BridgeConfig
+    hosts = [RankIdentity("cpu", False, "cpu", "a")] * 3
+    assert block_all_to_all(hosts + [RankIdentity("ascend", True, "cpu", "a")], BridgeConfig())
+    assert not block_all_to_all(hosts + [RankIdentity("cuda", False, "cuda", "a")], BridgeConfig())
+    assert not block_all_to_all(hosts, BridgeConfig(force_staging=True))
+
+
 def test_single_chip_and_leader_only():
     t = build_topology(ids("ascend:4"))
     assert t.single_chip and t.rails == ()

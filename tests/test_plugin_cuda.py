@@ -410,7 +410,7 @@ def test_native_gpu_bind_kernels_and_nccl(restore_hal):
     pg = acc.new_process_group(dist.HashStore(), 0, 1, timedelta(seconds=60))
     pg.allreduce([t]).wait()
     torch.cuda.synchronize()
-    print(f"[cuda] ProcessGroupNCCL world 1 all_reduce -> {t[0].item()} ({pg.getBackendName()})")
+    print(f"[cuda] ProcessGroupNCCL world 1 all_reduce -> {t[0].item()} ({pg.name()})")
     assert t[0].item() == 2.0
 
 

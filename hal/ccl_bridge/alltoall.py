@@ -156,7 +156,7 @@ def all_to_all_single(fx: Fabric, out: torch.Tensor, inp: torch.Tensor, out_spli
                       [(s, out_off[s], out_splits[s]) for s in mates], [in_splits[t] for t in mates],
                       [out_splits[s] for s in mates], ("a2a", "intra"), False, inp.device)
     own = {(me, d): (inp, in_off[d], in_splits[d]) for d in routes.own}
-    if fx.rails_back and not (fx.staged(out) or fx.staged(inp)):
+    if fx.rails_back and fx.block_a2a:  # decided for the whole group (backend.block_all_to_all)
         # 2, one message per block (duplex): every arrival posted, this rank's own cross blocks sent
         # at once, the blocks it relays for its mates once the hand-off (0, 1b) has brought them
         faults.point("all_to_all.rail.cross")

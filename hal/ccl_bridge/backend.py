@@ -61,8 +61,17 @@ def exchange_identities(store, rank: int, size: int, config: BridgeConfig) -> li
     return [RankIdentity.from_dict(r) for r in raw]
 
 
+def block_all_to_all(identities: list[RankIdentity], config: BridgeConfig) -> bool:
+    """Whether the rail all_to_all goes one message per block (`duplex.send_blocks`) rather than one packed
+    message per peer: only when every rank's tensors are host tensors (no rank stages through pinned host
+    memory). A group-wide decision from the exchanged identities, so every member of a rail speaks the same
+    protocol: a per-rank choice left a native CUDA rank (packed, tag 0) and host ranks (per block, tag =
+    source) waiting on each other's sends until the bridge's timeout (tests/test_native_lane.py on an H100)."""
+    return not config.force_staging and all(ident.device_type == "cpu" for ident in identities)
+
+
 def build_fabric(store, rank: int, size: int, timeout: timedelta, topo: Topology, config: BridgeConfig,
-                 global_ranks: Optional[list[int]] = None, group_id: str = "") -> Fabric:
+                 global_ranks: Optional[list[int]] = None, group_id: str = "", block_a2a: bool = False) -> Fabric:
     acc = hal.accelerator()
     gloo_caps = native_capabilities()  # raw gloo groups below: what this torch's gloo does (2.5: less)
     inner: list[Any] = []
@@ -108,7 +117,7 @@ def build_fabric(store, rank: int, size: int, timeout: timedelta, topo: Topology
         scratch.reserve(("host", "leader"), config.small_bytes, CPU)
     return Fabric(topo=topo, rank=rank, config=config, timeout=timeout, intra=intra, glob=glob, rails=rails,
                   scratch=scratch, sync=DeviceSync(acc), global_ranks=granks, inner_groups=inner,
-                  rails_back=rails_back)
+                  rails_back=rails_back, block_a2a=block_a2a)
 
 
 def create(dist_opts, pg_options=None):
@@ -127,7 +136,8 @@ def create(dist_opts, pg_options=None):
         return hal.accelerator().new_process_group(PrefixStore("hetero/passthrough", store), rank, size, timeout,
                                                    global_ranks=global_ranks or list(range(size)),
                                                    group_name=f"{group_id}/passthrough" if group_id else None)
-    return HeteroProcessGroup(build_fabric(store, rank, size, timeout, topo, config, global_ranks, group_id))
+    return HeteroProcessGroup(build_fabric(store, rank, size, timeout, topo, config, global_ranks, group_id,
+                                           block_all_to_all(identities, config)))
 
 
 def _valid(device_type: str) -> bool:

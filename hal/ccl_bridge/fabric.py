@@ -45,6 +45,7 @@ class Fabric:
     inner_groups: list[Any] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)  # elements moved per path (tests, describe())
     rails_back: dict[int, Ccl] = field(default_factory=dict)  # rail index -> its back group (`duplex`)
+    block_a2a: bool = False  # every rank holds host tensors: rail all_to_all one message per block (backend)
 
     def count(self, key: str, elements: int) -> None:
         self.counters[key] = self.counters.get(key, 0) + elements

@@ -161,7 +161,7 @@ class FakeCollectiveGroup:
     # ---- the collective engine -------------------------------------------------------------------
     def _post(self, payload: Any, finish) -> FakeWork:
         if self.aborted:
-            raise dist.DistBackendError(f"[Rank {self._rank}] {self.getBackendName().upper()} communicator "
+            raise dist.DistBackendError(f"[Rank {self._rank}] {self.name().upper()} communicator "
                                         f"was aborted")
         seq = self._seq
         self._seq += 1
@@ -190,7 +190,7 @@ class FakeCollectiveGroup:
               dist.ReduceOp.MAX: lambda s: s.amax(0), dist.ReduceOp.MIN: lambda s: s.amin(0),
               dist.ReduceOp.AVG: lambda s: s.sum(0) / len(tensors)}
         if op not in fn:
-            raise ValueError(f"Cannot use ReduceOp.{op} with {self.getBackendName().upper()}")
+            raise ValueError(f"Cannot use ReduceOp.{op} with {self.name().upper()}")
         return fn[op](stack)
 
 
@@ -281,7 +281,7 @@ class FakeProcessGroupNCCL(FakeCollectiveGroup):
         if self.uid == 0 and self.dump_on_timeout:  # checkDumpSignal: only the first group's monitor polls
             threading.Thread(target=self._heartbeat_monitor, daemon=True).start()
 
-    def getBackendName(self) -> str:
+    def name(self) -> str:  # c10d::Backend::getBackendName, bound to Python as `name` (no getBackendName there)
         return "nccl"
 
     def _set_sequence_number_for_group(self) -> None:

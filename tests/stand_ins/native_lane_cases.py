@@ -64,8 +64,8 @@ def standin_setup(timeout_s: float = 60.0) -> dict:
     STANDIN["chip"] = chip
     built = backend.build_fabric
 
-    def build_fabric(store, rank, size, timeout, topo, config, global_ranks=None, group_id=""):
-        fx = built(store, rank, size, timeout, topo, config, global_ranks, group_id)
+    def build_fabric(store, rank, size, timeout, topo, config, global_ranks=None, group_id="", block_a2a=False):
+        fx = built(store, rank, size, timeout, topo, config, global_ranks, group_id, block_a2a)
         # As build_fabric does for a native chip (hal/ccl_bridge/backend.py): pinned host slots, reserved
         # now; a DeviceSync on the chip's streams.
         fx.scratch = ScratchPool(pin=chip.pin_memory)
