@@ -39,6 +39,7 @@ STEPS = 10
 # from uniform bytes (ln 256 = 5.55) in these steps: a broken bf16 path (no fp32 master weights, a
 # 16-bit reduction that loses updates, a wrong loss scale) shows up as a larger gap or no learning.
 VAL_TOL = 0.02
+STOP = 5  # the loss-scale resume case stops here (after the overflow step)
 OVERFLOW_STEP = 3
 LEARNED = math.log(256) - 0.5  # both runs must get below this (they reach ~4.7-4.9)
 MIXED_SPEC = """name = "h100-910a"
@@ -138,6 +139,16 @@ def test_a_bf16_chip_and_an_fp16_only_chip_train_together_with_loss_scaling(tmp_
         config = _config(tmp_path / "mixed", "auto", zero=2)
         config["debug"] = {"faults": [{"action": "nan_grad", "rank": 1, "step": OVERFLOW_STEP}]}
         out = pool.run(_train_cases.run, config, timeout=240)
+        # the loss scale is part of each checkpoint: a run stopped after the overflow resumes at the halved
+        # scale, not at GradScaler's initial one (the same config, stopped at STOP, then resumed to STEPS)
+        resumed = {**_config(tmp_path / "resumed", "auto", zero=2), "debug": config["debug"],
+                   "checkpoint": {"interval": STOP}}
+        pool.run(_train_cases.run, {**resumed, "stop_after": STOP}, timeout=240)
+        pool.run(_train_cases.run, resumed, timeout=240)
+    saved = json.loads((tmp_path / "resumed" / "checkpoints" / f"step_{STOP:08d}" / "data.json").read_text())
+    assert saved["loss_scaler"] == {"scale": 2.0 ** 15, "clean_steps": STOP - OVERFLOW_STEP, "skipped": 1}
+    after = [json.loads(x) for x in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss_scale"] for r in after if r["step"] > STOP] == [2.0 ** 15] * (STEPS - STOP)
     summary = json.loads((tmp_path / "mixed" / "summary.json").read_text())
     assert [(c["chip"], c["dtype"]) for c in summary["chips"]] == [("cuda", "bfloat16"), ("ascend", "float16")]
     records = [json.loads(x) for x in (tmp_path / "mixed" / "metrics.jsonl").read_text().splitlines()]
