@@ -19,11 +19,11 @@ release notes and sources (v2.5.1 and v2.13.0 tags):
   (`register_backend` gives 2.13's behaviour on both).
 - `torch.rms_norm` on 2.5 squares and averages 16-bit inputs in their own dtype (float16 overflows
   from |x| ~ 256; measured), where 2.13 accumulates in float32 (`rms_norm_accumulates_wide`).
-- ProcessGroupGloo on 2.5 lacks list `reduce_scatter` and `alltoall`, AVG, every reduce op but SUM
-  in `_reduce_scatter_base` (measured: `gloo_measured_file`). The HAL's gloo
-  group (hal.emulation.gloo_group) runs those through fallbacks (hal.emulation.gloo_fallback) chosen
-  by the matrix measured on the installed torch, so what hal/data/gloo_capabilities.json declares
-  holds on every supported torch.
+- ProcessGroupGloo on 2.5 lacks list `reduce_scatter` and `alltoall`, AVG, and every reduce op but
+  SUM in `_reduce_scatter_base` (measured: `gloo_measured_file`). The HAL's gloo group
+  (hal.emulation.gloo_group) runs those through fallbacks (hal.emulation.gloo_fallback) chosen by the
+  matrix measured on the installed torch, so what hal/data/gloo_capabilities.json declares holds on
+  every supported torch.
 
 Nothing here imports torch at module import (`hal.sdk` promises that); every function imports it
 when called. `torch_problem(...)` is what a plugin calls to refuse, with one line, a torch its

@@ -5,9 +5,9 @@ hal/data/gloo_capabilities.json (what `cpu_fabric_capabilities("gloo")` declares
 every emulated chip) was measured on torch 2.13. torch 2.5, the floor, measured the same way
 (hal/data/gloo_capabilities_torch2.5.json), lacks: list `reduce_scatter` ("ProcessGroupGloo does not
 support reduce_scatter"), list `alltoall` ("Backend gloo does not support alltoall"), AVG in all_reduce
-and reduce ("Cannot use ReduceOp.AVG with Gloo"), and every op but SUM (and bool's OR-like ones) in
-`_reduce_scatter_base`. `hal.contract.compat.gloo_measured_file`
-picks the matrix measured on the installed torch; a declared combination missing from it runs here:
+and reduce ("Cannot use ReduceOp.AVG with Gloo"), and every op but SUM in `_reduce_scatter_base`
+(which sums whatever op it is given: silently wrong). `hal.contract.compat.gloo_measured_file` picks
+the matrix measured on the installed torch; a declared combination missing from it runs here:
 
 - AVG: SUM, then a division by the group size (on every rank for all_reduce, on the root for reduce);
 - reduce_scatter, reduce_scatter_tensor(+coalesced): an all_reduce of the whole input, then this rank's
