@@ -11,6 +11,6 @@ if [ "$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1 && command -v apt
     || echo "test.sh: could not install iptables; the lossy-link test will skip"
 fi
 cd "$ROOT"
-echo "test.sh: pytest on the whole suite (9.5 min on a 2-core machine when issue 16 timed it, more tests since;" \
+echo "test.sh: pytest on the whole suite (17 min on a quiet 2-core machine, 2026-11-26;" \
      "a dot per test; a multi-process test module takes up to ~90 s without a dot)"
 python -m pytest -q "$@"
