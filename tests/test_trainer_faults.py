@@ -72,12 +72,15 @@ def _hal_train(config: Path, max_restarts: int) -> subprocess.CompletedProcess:
 
 
 def _error_class(name: str):
-    """A typed error of the bridge (hal.ccl_bridge.errors) or of the emulated chips' CCL it drives (hal.emulation.shm:
-    a DP group inside one sub-cluster is that CCL itself, the bridge passes it through); None otherwise."""
+    """A typed error of the bridge (hal.ccl_bridge.errors), of the emulated chips' CCL it drives (hal.emulation.shm:
+    a DP group inside one sub-cluster is that CCL itself, the bridge passes it through) or of the contract's
+    collective errors (hal.contract.errors: the trainer types its bookkeeping group's peer loss); None otherwise."""
     import hal.ccl_bridge.errors
     import hal.emulation.shm.errors
     from hal.contract.errors import HalError
-    cls = getattr(hal.ccl_bridge.errors, name, None) or getattr(hal.emulation.shm.errors, name, None)
+    import hal.contract.errors
+    cls = getattr(hal.ccl_bridge.errors, name, None) or getattr(hal.emulation.shm.errors, name, None) \
+        or getattr(hal.contract.errors, name, None)  # e.g. CollectivePeerError from the trainer's own gloo group
     return cls if isinstance(cls, type) and issubclass(cls, HalError) else None
 
 

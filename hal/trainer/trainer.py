@@ -338,9 +338,13 @@ class Trainer:
             self._step_t0 = None
             self._finish_training()
         except BaseException as exc:
-            if not isinstance(exc, ReplanRequested):  # a re-plan is no failure (hal/trainer/replan.py)
-                step_s = None if self._step_t0 is None else time.perf_counter() - self._step_t0
-                self.elastic.failed(step + 1, exc, step_s)
+            if isinstance(exc, ReplanRequested):  # a re-plan is no failure (hal/trainer/replan.py)
+                raise
+            step_s = None if self._step_t0 is None else time.perf_counter() - self._step_t0
+            typed = _peer_lost(exc, self.rank, step + 1)
+            self.elastic.failed(step + 1, typed or exc, step_s)
+            if typed is not None:
+                raise typed from exc
             raise
         finally:
             self.close()
@@ -411,3 +415,16 @@ class Trainer:
         self._closed = True
         self.metrics.close()
         self.links.close()
+
+
+def _peer_lost(exc: BaseException, rank: int, step: int) -> Optional[BaseException]:
+    """A raw gloo transport error from one of the trainer's plain gloo groups (the bookkeeping group: step
+    times, grad norm, agreements) when a peer died, as the typed CollectivePeerError naming rank and step
+    (the bridge and the CPU fabrics type theirs already); None for anything else."""
+    text = str(exc)
+    if type(exc) is RuntimeError and "gloo" in text and ("Connection reset" in text or "Connection closed" in text):
+        from hal.contract.errors import CollectivePeerError
+        first = text.splitlines()[0] if text else ""
+        return CollectivePeerError(f"rank {rank}, step {step}: a peer of a gloo group is gone: {first}")
+    return None
+
