@@ -12,7 +12,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Union
 
-__all__ = ["Schedule", "MULTI_STAGE_SCHEDULES", "ORDERED_SCHEDULES", "stage_order"]
+__all__ = ["Schedule", "MULTI_STAGE_SCHEDULES", "ORDERED_SCHEDULES", "stage_order", "zbv_stage_of",
+           "zbv_rank_order"]
 
 
 class Schedule(str, Enum):
@@ -58,3 +59,51 @@ def stage_order(schedule: Union[Schedule, str], stage: int, num_stages: int,
     for i in range(m - warm):
         order += [("F", warm + i), ("B", i)]
     return order + [("B", j) for j in range(m - warm, m)]
+
+
+def zbv_stage_of(rank: int, chunk: int, num_ranks: int) -> int:
+    """ZBVZeroBubble's V placement: chunk 0 of pipeline rank r is stage r, chunk 1 stage 2p - 1 - r (the
+    first and the last stage on rank 0, the two middle stages on rank p - 1)."""
+    return rank if chunk == 0 else 2 * num_ranks - 1 - rank
+
+
+def zbv_rank_order(rank: int, num_ranks: int, num_microbatches: int) -> list[tuple[str, int, int]]:
+    """The actions pipeline rank `rank` of `num_ranks` runs under torch's ScheduleZBVZeroBubble, in
+    order: (kind, stage, micro-batch) with kind "F" (forward), "I" (backward of the stage input:
+    the input gradient) or "W" (backward of the weights), stages numbered in the V
+    (`zbv_stage_of`). The same order as torch 2.13's
+    `ScheduleZBVZeroBubble._calculate_single_rank_operations` without its idle slots (Qi et al.
+    2023, "Zero Bubble Pipeline Parallelism", arXiv 2401.10241, section 6; tests/test_planner_zero_bubble.py
+    compares the two): warm-up forwards of chunk 0, then chunk 1's forwards each followed by its I and
+    W, a steady phase of F, I, W on each chunk in turn, and a cool-down whose W passes are deferred
+    to fill the drain. torch lays the order out for max(2p - 1, M) micro-batches and drops the
+    actions of those past M; so does this."""
+    p, m = num_ranks, num_microbatches
+    n = max(2 * p - 1, m)
+    c0, c1 = zbv_stage_of(rank, 0, p), zbv_stage_of(rank, 1, p)
+    ops: list[tuple[str, int, int]] = []
+    f0 = f1 = b0 = b1 = 0
+    for _ in range(2 * (p - rank) - 1):
+        ops.append(("F", c0, f0))
+        f0 += 1
+    for _ in range(rank):
+        ops += [("F", c1, f1), ("F", c0, f0)]
+        f1, f0 = f1 + 1, f0 + 1
+    for _ in range(p - rank):
+        ops += [("F", c1, f1), ("I", c1, b1), ("W", c1, b1)]
+        f1, b1 = f1 + 1, b1 + 1
+    while f1 < f0 or f0 < n:
+        if f0 < n:
+            ops.append(("F", c0, f0))
+            f0 += 1
+        ops += [("I", c0, b0), ("W", c0, b0), ("F", c1, f1), ("I", c1, b1), ("W", c1, b1)]
+        b0, f1, b1 = b0 + 1, f1 + 1, b1 + 1
+    w0, w1 = b0, b1
+    for _ in range(rank):
+        ops += [("I", c0, b0), ("I", c1, b1)]
+        b0, b1 = b0 + 1, b1 + 1
+    for _ in range(p - rank):
+        ops += [("I", c0, b0), ("W", c0, w0)]
+        b0, w0 = b0 + 1, w0 + 1
+    ops += [("W", c1, j) for j in range(w1, b1)] + [("W", c0, j) for j in range(w0, b0)]
+    return [op for op in ops if op[2] < m]

@@ -153,6 +153,9 @@ class ReplicaCost:
     # MoE: the expert parameters among params_local (whole on every TP rank; not DDP/FSDP2's: no
     # ZeRO sharding, reduced only across expert-DP copies)
     expert_params_local: float = 0.0
+    # of `bwd`, the weight-gradient GEMMs (zero-bubble schedules run them apart, as W): the forward's
+    # GEMM seconds, the attention core excluded (it has no weights); Qi et al. 2023, arXiv 2401.10241, s. 2
+    bwd_weight: float = 0.0
 
 
 def allreduce_time(nbytes: float, n: int, bw: float, lat: float = 0.0) -> float:
@@ -278,7 +281,8 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
         # counts the separate add torch's autograd runs (what timed emulation charges)
         grad_acc = 0.0
     return ReplicaCost(fwd=fwd, bwd=bwd, tp_comm=tp_comm, ep_comm=ep_comm, params_local=dense + eparams,
-                       memory=memory, optimizer=optimizer, grad_acc=grad_acc, expert_params_local=eparams)
+                       memory=memory, optimizer=optimizer, grad_acc=grad_acc, expert_params_local=eparams,
+                       bwd_weight=min(max(0.0, compute_fwd - attn), bwd))
 
 
 def _forward_seconds(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, last: bool, mb: int,
