@@ -79,6 +79,10 @@ class Row:
     assumed: str = ""         # what the layout takes that the source does not state
     fused_attention: bool = True   # False: the run predates FlashAttention (Megatron-LM 2021-22)
     tp_overlap: bool = False       # Megatron-Core's --tp-comm-overlap
+    # the MLP keeps 6f bytes per token (ModelConfig.mlp_activation_bytes): Megatron-Core's fused SwiGLU,
+    # and Megatron's GeLU 4h MLP of the GPT rows (16h = 6f at their f = 8h/3); False: eager autograd's 8f
+    fused_swiglu: bool = True
+    layer_split: Optional[tuple[int, ...]] = None   # layers per pipeline stage where the source states them
 
 
 def _megatron(name, layers, hidden, heads, tp, pp, gpus, batch, tflops) -> Row:
@@ -176,7 +180,7 @@ def cluster(row: Row):
 def authors_layout(row: Row, f, node_of):
     """The authors' TP / PP / DP, micro-batch, recompute, ZeRO and interleaving as a layout."""
     dp = row.gpus // (row.tp * row.pp)
-    counts = split_layers(row.cfg.layers, [1.0] * row.pp, [0.0] * row.pp)
+    counts = list(row.layer_split) if row.layer_split else split_layers(row.cfg.layers, [1.0] * row.pp, [0.0] * row.pp)
     bounds = [0]
     for c in counts:
         bounds.append(bounds[-1] + c)
@@ -191,7 +195,7 @@ def run(row: Row, do_search: bool) -> dict:
     topo, facts, node_of = cluster(row)
     # Megatron-LM shards embedding, head and loss over TP; sequence parallel where the source used it
     model = ModelFacts(row.cfg, vocab_parallel=True, sequence_parallel=row.sp, fused_attention=row.fused_attention,
-                       tp_overlap=row.tp_overlap)
+                       tp_overlap=row.tp_overlap, fused_swiglu=row.fused_swiglu)
     t0 = time.perf_counter()
     sim = simulate(authors_layout(row, facts[0], node_of), model)
     out = {"row": row.name, "gpus": row.gpus, "chip": row.chip, "published": row.published,

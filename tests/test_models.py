@@ -153,11 +153,16 @@ def test_counts_match_reference_formulas():
     # the head: 6 V h per token; REFERENCE's V/(16 L h) term gives 4.5 V h (a rounder estimate)
     assert cfg.head_flops(tokens) == 6 * V * h * tokens
     assert cfg.train_flops(tokens) == L * cfg.layer_flops(tokens) + cfg.head_flops(tokens)
-    # activation bytes per layer (16-bit): s b h (34 + 5 a s / h); with TP t: s b h (10 + 24/t + 5 a s/(h t))
-    assert cfg.activation_bytes(B) == pytest.approx(s * B * h * (34 + 5 * a * s / h))
-    assert cfg.activation_bytes(B, tp=4) == pytest.approx(s * B * h * (10 + 24 / 4 + 5 * a * s / (h * 4)))
+    # activation bytes per layer (16-bit), Korthikanti's s b h (34 + 5 a s / h) with the real MLP: a
+    # fused SwiGLU keeps 6f = 16h at f = 8h/3 (their GeLU 4h MLP's), torch's eager SwiGLU 8f
+    f = cfg.ffn
+    assert cfg.activation_bytes(B, fused_swiglu=True) == pytest.approx(s * B * h * (34 + 5 * a * s / h))
+    assert cfg.activation_bytes(B) == pytest.approx(s * B * (18 * h + 8 * f + 5 * a * s))
+    # with TP t: s b h (10 + 24/t + 5 a s/(h t))
+    assert cfg.activation_bytes(B, tp=4, fused_swiglu=True) == pytest.approx(
+        s * B * h * (10 + 24 / 4 + 5 * a * s / (h * 4)))
     assert cfg.activation_bytes(B, recompute="full") == 2 * s * B * h
-    assert cfg.activation_bytes(B, tp=2, attention="fused") == pytest.approx(s * B * h * (10 + 24 / 2))
+    assert cfg.activation_bytes(B, tp=2, attention="fused") == pytest.approx(s * B * (10 * h + (8 * h + 8 * f) / 2))
     # mixed-precision Adam: 16 bytes/param plain DP; ZeRO-2 2 + 14/d; ZeRO-3 16/d
     assert [cfg.state_bytes_per_param(z, 8) for z in (0, 2, 3)] == [16, 2 + 14 / 8, 2]
     with pytest.raises(ModelConfigError, match="zero = 5"):

@@ -23,9 +23,11 @@ V = vocab, E = experts, k = top_k, F = shared_ffn):
   al. 2022, 16-bit activations) s b (10h + (4q + 4c + 16h)/t + 5 a s / t) with TP degree t: the
   attention keeps Q and the projection input (2 bytes x q each) and K, V (2 bytes x c each), which
   is REFERENCE's s b h (10 + 24/t + 5 a s/(h t)) without GQA (q = c = h); qk_norm keeps its two
-  inputs as well (+ 2(q + c)/t). With full recompute only the block input is kept, 2 s b h. It was
-  derived for a GeLU MLP of width 4h with dropout; here it is an estimate for our SwiGLU blocks (the
-  MLP term 16h is not scaled by f, nor by k for MoE), not a measurement.
+  inputs as well (+ 2(q + c)/t). With full recompute only the block input is kept, 2 s b h. The MLP
+  term is the real MLP's (`mlp_activation_bytes`): Korthikanti's 16h is their GeLU MLP of width 4h
+  (the GeLU input and the second GEMM's input, 2 x 4h x 2 bytes); SwiGLU of width f keeps 8f as
+  torch's autograd runs it, 6f with a fused SwiGLU kernel (= 16h at f = 8h/3). The rest (10h) was
+  derived with dropout and LayerNorm; here it is an estimate for our RMSNorm blocks, not a measurement.
   `attention="fused"` drops the 5as/h term a flash-style kernel never stores; measured against a
   real block in docs/performance.md (benchmarks/activation_memory.py): within about 1.5x.
 - training-state bytes per parameter with mixed-precision Adam (REFERENCE): 16 plain DP; ZeRO-2
@@ -241,19 +243,36 @@ class ModelConfig(FieldErrorModel):
     # ---- bytes -------------------------------------------------------------------------------------
     def activation_bytes(self, microbatch: int, tp: int = 1, recompute: Literal["none", "full"] = "none",
                          seq: Optional[int] = None,
-                         attention: Literal["materialized", "fused"] = "materialized") -> float:
+                         attention: Literal["materialized", "fused"] = "materialized",
+                         fused_swiglu: bool = False) -> float:
         """Activation bytes one block keeps for backward over a micro-batch of `microbatch` sequences
-        (16-bit activations; REFERENCE's estimate, see the module docstring). `attention="fused"`
-        drops the 5as/h term (the a x s x s score and probability tensors), which a fused
-        (flash-style) attention kernel never stores: benchmarks/activation_memory.py measures a
-        block's saved bytes flat in s on such a kernel."""
+        (16-bit activations; REFERENCE's estimate with the real MLP, see the module docstring).
+        `attention="fused"` drops the 5as/h term (the a x s x s score and probability tensors), which
+        a fused (flash-style) attention kernel never stores: benchmarks/activation_memory.py measures
+        a block's saved bytes flat in s on such a kernel. `fused_swiglu`: see `mlp_activation_bytes`."""
         s, b, h, a = seq or self.seq, microbatch, self.hidden, self.heads
         if recompute == "full":
             return 2.0 * s * b * h
         q, c = self.q_dim, self.kv_dim
-        sharded = 4 * q + 4 * c + 16 * h + (2 * (q + c) if self.qk_norm else 0)
+        sharded = 4 * q + 4 * c + self.mlp_activation_bytes(fused_swiglu) + (2 * (q + c) if self.qk_norm else 0)
         scores = 0.0 if attention == "fused" else 5 * a * s
         return s * b * (10 * h + (sharded + scores) / tp)
+
+    def mlp_activation_bytes(self, fused_swiglu: bool = False) -> float:
+        """Bytes per token (16-bit) one block's MLP keeps for backward beyond its input (which the 10h
+        of `activation_bytes` counts), all sharded over TP. Korthikanti et al. 2022 (arXiv 2205.05198)
+        section 4.1 count a GeLU MLP of width 4h: the GeLU input and the second GEMM's input, 8h + 8h
+        = 16h (their dropout mask is in the 10h). SwiGLU w2(silu(w1 x) * w3 x) of width f: torch's
+        autograd keeps silu's input (w1 x), the product's two operands (silu(w1 x), w3 x) and w2's
+        input (the product): 4 x 2f = 8f (apply_plan's blocks, hal.strategies.models.gpt.MLP); a fused
+        kernel that keeps only its input (w1 x | w3 x) and recomputes silu in backward (Megatron-Core's
+        BiasSwiGLUFunction, megatron/core/fusions/fused_bias_swiglu.py: save_for_backward(input))
+        keeps 2 x 2f + 2f = 6f, which at Megatron's GPT width f = 8h/3 is the GeLU MLP's 16h."""
+        if self.is_moe:
+            # MoE layer: its own term (top_k x the expert ffn, the router) goes here; until then the
+            # dense GeLU-4h estimate, as before
+            return 16.0 * self.hidden
+        return (6.0 if fused_swiglu else 8.0) * self.ffn
 
     @staticmethod
     def state_bytes_per_param(zero: int, dp: int) -> float:

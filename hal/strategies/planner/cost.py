@@ -53,7 +53,8 @@ class ModelFacts:
     definition); activations with `attention="fused"`: torch's SDPA on CUDA/NPU keeps no scores."""
 
     def __init__(self, cfg, dtype_bytes: int = BF16, op_profile=None, vocab_parallel: bool = False,
-                 sequence_parallel: bool = False, fused_attention: bool = True, tp_overlap: bool = False) -> None:
+                 sequence_parallel: bool = False, fused_attention: bool = True, tp_overlap: bool = False,
+                 fused_swiglu: bool = False) -> None:
         self.cfg = cfg
         # the embedding, head and loss sharded over TP (Megatron-LM's vocab-parallel layers), as a
         # published run laid out by Megatron-LM has them; False: whole on every TP rank, as apply_plan runs
@@ -71,6 +72,9 @@ class ModelFacts:
         # and reduce-scatters run under its GEMMs, so only what exceeds the compute is exposed. False:
         # apply_plan's DTensor TP, whose collectives wait (the default)
         self.tp_overlap = tp_overlap
+        # a fused SwiGLU kernel that keeps only its input (Megatron-Core's BiasSwiGLUFunction): the MLP keeps
+        # 6f bytes per token instead of eager autograd's 8f (ModelConfig.mlp_activation_bytes); False: apply_plan
+        self.fused_swiglu = fused_swiglu
         # an op_profile.OpProfile: price compute op by op (a roofline per op) instead of from totals
         self.op_profile = op_profile
         # bytes per activation element (2: bf16 training; 4: an fp32 run, e.g. emulated on a CPU)
@@ -114,8 +118,9 @@ class ModelFacts:
         attention = "materialized" if rk == "none" and not self.fused_attention else "fused"
         key = (tp, kind, attention)
         if key not in self._act:
-            whole = self.cfg.activation_bytes(1, 1, kind, attention=attention) / tp if self.sequence_parallel \
-                else self.cfg.activation_bytes(1, tp, kind, attention=attention)
+            kw = dict(attention=attention, fused_swiglu=self.fused_swiglu)
+            whole = self.cfg.activation_bytes(1, 1, kind, **kw) / tp if self.sequence_parallel \
+                else self.cfg.activation_bytes(1, tp, kind, **kw)
             self._act[key] = whole * self.dtype_bytes / BF16    # ModelConfig counts 16-bit activations
         return self._act[key]
 
