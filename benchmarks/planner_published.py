@@ -35,7 +35,12 @@ KORTHIKANTI = ("Korthikanti et al. 2022 (arXiv 2205.05198): MFU from NVIDIA/Mega
 LLAMA3 = ("Llama Team 2024, 'The Llama 3 Herd of Models' (arXiv 2407.21783) Table 4: GPUs, TP 8, CP 1, PP 16, "
           "16M tokens per batch, TFLOP/s per GPU; the same figures at glennklockwood.com/garden/llama-3.1 "
           "(Balaji, SC'24)")
-BRIDGE = "NVIDIA Megatron-Bridge docs/performance-summary-archive.md, 26.02 container, DGX-H100 BF16 (MoE benchmarks force-balance tokens)"
+BRIDGE = ("NVIDIA Megatron-Bridge docs/performance-summary-archive.md, 26.02 container, DGX-H100 BF16 (MoE benchmarks "
+          "force-balance tokens); the recipe at v0.3.0 (Feb 2026): scripts/performance/configs/gpt_oss/"
+          "gpt_oss_workload_base_configs.py (H100 BF16 V2: TP 1, PP 4, EP 8, ETP 1, MBS 1, GBS 1280, recompute_modules "
+          "layernorm + moe_act), src/megatron/bridge/recipes/gpt_oss/gpt_oss.py (seq 4096, use_distributed_optimizer), "
+          "gpt_oss_llm_pretrain.py (grad_reduce_in_fp32 False, moe_router_force_load_balancing: random router logits), "
+          "models/gpt_oss/gpt_oss_provider.py (alltoall dispatcher, grouped GEMM, permute fusion)")
 MCORE_H100 = ("NVIDIA Megatron-LM README at commit f2e5db402c (2024-07-15), images/model_table.png (Megatron-Core "
               "r0.8.0 weak scaling on H100: heads, hidden, layers, TP, PP, DP, GPUs, batch, per-GPU teraFLOP/s, MFU) "
               "and its text (vocab 131,072, seq 4096, --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap)")
@@ -83,6 +88,7 @@ class Row:
     # and Megatron's GeLU 4h MLP of the GPT rows (16h = 6f at their f = 8h/3); False: eager autograd's 8f
     fused_swiglu: bool = True
     layer_split: Optional[tuple[int, ...]] = None   # layers per pipeline stage where the source states them
+    p2p_gather: bool = False       # Megatron-LM 2021's scatter/gather sends (Narayanan et al. 2021, section 4.1)
 
 
 def _megatron(name, layers, hidden, heads, tp, pp, gpus, batch, tflops) -> Row:
@@ -90,7 +96,7 @@ def _megatron(name, layers, hidden, heads, tp, pp, gpus, batch, tflops) -> Row:
     s, v = cfg.seq, cfg.vocab
     per_token = 96 * layers * hidden ** 2 * (1 + s / (6 * hidden) + v / (16 * layers * hidden))
     return Row(name, cfg, "A100", gpus, tp, pp, batch, 1, "full", tflops * 1e12 * gpus / per_token,
-               f"{tflops:.0f} TFLOP/s/GPU", NARAYANAN, fused_attention=False,
+               f"{tflops:.0f} TFLOP/s/GPU", NARAYANAN, fused_attention=False, p2p_gather=True,
                assumed="micro-batch 1 and plain 1F1B (Table 1 gives neither; the paper's interleaving would only "
                        "raise the prediction); fp32 gradient all-reduce after backward")
 
@@ -164,8 +170,9 @@ def rows() -> list[Row]:
     out.append(_mixtral())
     oss = _gqa(**GPT_OSS)
     out.append(Row("gpt-oss-120b", oss, "H100", 64, 1, 4, 1280, 1, "none", 5993 * 64, "5993 tokens/s/GPU", BRIDGE,
-                   ep=8, assumed="the recipe's selective recompute of layernorm and the MoE activation, the "
-                                 "sliding-window layers and attention sinks not modelled (full causal attention)"))
+                   ep=8, zero=1,
+                   assumed="the recipe's selective recompute of layernorm and the MoE activation, the "
+                           "sliding-window layers and attention sinks not modelled (full causal attention)"))
     return out
 
 
@@ -194,8 +201,10 @@ def authors_layout(row: Row, f, node_of):
 def run(row: Row, do_search: bool) -> dict:
     topo, facts, node_of = cluster(row)
     # Megatron-LM shards embedding, head and loss over TP; sequence parallel where the source used it
+    # and Megatron-Core's distributed optimizer shards expert state over the expert-DP group (MoE rows)
     model = ModelFacts(row.cfg, vocab_parallel=True, sequence_parallel=row.sp, fused_attention=row.fused_attention,
-                       tp_overlap=row.tp_overlap, fused_swiglu=row.fused_swiglu)
+                       tp_overlap=row.tp_overlap, fused_swiglu=row.fused_swiglu,
+                       p2p_gather=row.p2p_gather, shard_expert_state=True)
     t0 = time.perf_counter()
     sim = simulate(authors_layout(row, facts[0], node_of), model)
     out = {"row": row.name, "gpus": row.gpus, "chip": row.chip, "published": row.published,

@@ -54,7 +54,8 @@ class ModelFacts:
 
     def __init__(self, cfg, dtype_bytes: int = BF16, op_profile=None, vocab_parallel: bool = False,
                  sequence_parallel: bool = False, fused_attention: bool = True, tp_overlap: bool = False,
-                 fused_swiglu: bool = False) -> None:
+                 shard_expert_state: bool = False,
+                 fused_swiglu: bool = False, megatron_p2p: bool = False) -> None:
         self.cfg = cfg
         # the embedding, head and loss sharded over TP (Megatron-LM's vocab-parallel layers), as a
         # published run laid out by Megatron-LM has them; False: whole on every TP rank, as apply_plan runs
@@ -72,9 +73,21 @@ class ModelFacts:
         # and reduce-scatters run under its GEMMs, so only what exceeds the compute is exposed. False:
         # apply_plan's DTensor TP, whose collectives wait (the default)
         self.tp_overlap = tp_overlap
+        # Megatron-Core's distributed optimizer keeps expert parameters in their own buffers over the
+        # expert-DP group (megatron/core/distributed/distributed_data_parallel.py at c230e0d7c2, l. 231-236:
+        # `expert_parallel_buffers` on get_data_modulo_expert_parallel_group) and shards their state there
+        # as it shards the dense state over DP: at ZeRO >= 1 an expert parameter costs the ZeRO level's
+        # bytes over the dp / ep copies. False: apply_plan, whose DDP/FSDP2 leave experts out (16 B each)
+        self.shard_expert_state = shard_expert_state
         # a fused SwiGLU kernel that keeps only its input (Megatron-Core's BiasSwiGLUFunction): the MLP keeps
         # 6f bytes per token instead of eager autograd's 8f (ModelConfig.mlp_activation_bytes); False: apply_plan
         self.fused_swiglu = fused_swiglu
+        # Megatron-LM's pipeline p2p (megatron/p2p_communication.py _communicate, 2021-22; Megatron-Core's
+        # default batch_p2p_sync): every send and receive is waited on and followed by torch.cuda.synchronize(),
+        # so a stage's compute stream waits for its own sends; without sequence parallelism the scatter/gather
+        # optimisation (Narayanan et al. 2021, section 4.1) sends 1/t per TP rank and the receiver all-gathers
+        # it over TP before computing (`_megatron_p2p_seconds`). False: asynchronous sends (apply_plan; Llama 3)
+        self.megatron_p2p = megatron_p2p
         # an op_profile.OpProfile: price compute op by op (a roofline per op) instead of from totals
         self.op_profile = op_profile
         # bytes per activation element (2: bf16 training; 4: an fp32 run, e.g. emulated on a CPU)
@@ -265,6 +278,10 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     dispatch = n_layers * moe_dispatch_bytes(m, mb, experts_local, ep) / f.memory_bw
     fwd = compute_fwd + elementwise + dispatch + tp_f + ep_comm / 2
     bwd = 2 * compute_fwd + 2 * elementwise + dispatch + tp_b + ep_comm / 2
+    if m.megatron_p2p:                 # synchronous sends, the receiver's gather (ModelFacts.megatron_p2p)
+        send, gathered = _megatron_p2p_seconds(m, f, tp, mb, tp_bw)
+        fwd += (0.0 if last else send) + (0.0 if first else gathered)
+        bwd += (0.0 if first else send) + (0.0 if last else gathered)
     if kind == "full":
         bwd += compute_fwd + elementwise + dispatch + tp_f + ep_comm / 2
     elif kind == "selective":     # apply_plan re-runs the attention core and the memory-bound ops
@@ -276,10 +293,14 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
                                                  kind == "full", f.matrix)
         fwd, bwd = pf + (tp_comm + ep_comm) / 2, pb + (tp_comm + ep_comm) / 2
     dense, eparams, layer_p = _local_params(m, tp, n_layers, first, last, experts_local)
-    memory = _memory_bytes(m, tp, n_layers, last, mb, recompute, zero, dp, in_flight, dense, eparams, layer_p)
+    # the expert-DP group: the copies of this replica's experts (dp / e; one EP group over DP: none)
+    edp = max(1, dp // ep[0]) if ep is not None and ep[0] >= 1 else 1
+    eshard = edp if m.shard_expert_state and zero >= 1 else 1
+    memory = _memory_bytes(m, tp, n_layers, last, mb, recompute, zero, dp, in_flight, dense, eparams, layer_p,
+                           eshard)
     shard = dp if zero >= 1 else 1
-    # the optimizer steps this rank's shard of the dense parameters and all of its experts
-    optimizer = (dense / shard + eparams) * ADAM_TRAFFIC / f.memory_bw if op_opt is None else op_opt / shard
+    # the optimizer steps this rank's shard of the dense parameters and of its experts
+    optimizer = (dense / shard + eparams / eshard) * ADAM_TRAFFIC / f.memory_bw if op_opt is None else op_opt / shard
     if grad_acc is None:
         # free in the analytic model: at scale the accumulation into the fp32 gradient is fused into
         # the weight-gradient GEMM (Megatron-LM's gradient_accumulation_fusion). The op profile
@@ -322,6 +343,16 @@ def _forward_seconds(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, last: 
     if not m.fused_attention:      # the score tensor's traffic (its heads are split over TP)
         act += SCORE_BYTES * m.heads / tp * m.seq ** 2 * mb * n_layers
     return secs, act / f.memory_bw, n_layers * attn
+
+
+def _megatron_p2p_seconds(m: ModelFacts, f: ChipFacts, tp: int, mb: int, tp_bw: float) -> tuple[float, float]:
+    """(a send's seconds on the sender's stream, the receiver's gather) per micro-batch under Megatron-LM's
+    synchronous p2p: each TP rank sends 1/t of the boundary activation (scatter/gather, or its sequence-
+    parallel shard) to the next stage on another node (TP fills a node in the published runs that use
+    it: the rank's NIC); without sequence parallelism the receiver all-gathers the t pieces over TP."""
+    nbytes = m.boundary_bytes() * mb / tp
+    gathered = 0.0 if m.sequence_parallel or tp <= 1 else gather_time(nbytes * tp, tp, tp_bw, f.link_latency)
+    return p2p_time(nbytes, f, f, same_node=False), gathered
 
 
 def moe_dispatch_bytes(m: ModelFacts, mb: int, experts_local: Optional[int],
@@ -434,16 +465,19 @@ def _local_params(m: ModelFacts, tp: int, n_layers: int, first: bool, last: bool
 
 
 def _memory_bytes(m: ModelFacts, tp: int, n_layers: int, last: bool, mb: int, recompute, zero: int, dp: int,
-                  in_flight: int, dense: float, eparams: float, layer_p: float) -> float:
+                  in_flight: int, dense: float, eparams: float, layer_p: float, eshard: int = 1) -> float:
     """Peak bytes per rank: parameter state, DDP's buckets, activations kept, backward's working set
     or the loss (whichever is larger), ZeRO-3's gathered layers, the bridge's staging.
 
     Experts are left out of DDP and FSDP2 (apply._apply_dp: ddp_ignore_experts,
     fully_shard(..., ignored_params=expert_params(block))): whatever the ZeRO level each rank keeps
     their weights, gradients and AdamW state whole (16 B/parameter), and their gradients are
-    reduced only across expert-DP copies (expert_parallel.reduce_expert_grads)."""
-    per_param = {0: 16.0, 1: 4 + 12 / dp, 2: 2 + 14 / dp, 3: 16 / dp}[zero]
-    state = dense * per_param + eparams * 16.0
+    reduced only across expert-DP copies (expert_parallel.reduce_expert_grads). `eshard` > 1: a runtime
+    that shards expert state over its `eshard` expert-DP copies at this ZeRO level
+    (ModelFacts.shard_expert_state, Megatron-Core's distributed optimizer)."""
+    def per_param(d: int) -> float:
+        return {0: 16.0, 1: 4 + 12 / d, 2: 2 + 14 / d, 3: 16 / d}[zero]
+    state = dense * per_param(dp) + eparams * (per_param(eshard) if eshard > 1 else 16.0)
     act_keep = m.act_bytes(tp, recompute) * mb * n_layers * in_flight
     # backward's working set: the gradients of one layer's activations for one micro-batch (about
     # the size of what the layer saved); under full recompute that layer's activations come back too
