@@ -114,28 +114,33 @@ def test_spec_memory_per_sub_cluster_replaces_the_catalog(tmp_path):
         parse_cluster_spec(_spec_text(("x", "cuda", "H100", 1, 8, 'memory = "lots"')))
 
 
-def test_interleaved_candidates_round_trip_through_plans():
-    # 16 layers on 8 H100s: the search scores Interleaved1F1B (v = 2, 4, 8) beside 1F1B; an interleaved
-    # finalist becomes a plan torch's Interleaved1F1B runs (p v stages round-robin) that checks, and
-    # reads back to the same prediction; its bubble is smaller than the same shape's 1F1B
+@pytest.mark.parametrize("schedule", ["Interleaved1F1B", "ZBVZeroBubble"])
+def test_interleaved_candidates_round_trip_through_plans(schedule):
+    # 16 layers on 8 H100s: the search scores Interleaved1F1B (v = 2, 4, 8) and ZBVZeroBubble (v = 2
+    # in a V) beside 1F1B; such a finalist becomes a plan torch's schedule runs (p v stages round-robin,
+    # or 2p in a V) that checks, and reads back to the same prediction; its step is shorter than the
+    # same shape's 1F1B
     from hal.strategies.planner import plan_search as S
     from hal.strategies.planner.convert import from_plan, to_plan
     from hal.strategies.planner.simulate import simulate
     topo = Topology.from_spec(parse_cluster_spec(_spec_text(("h", "cuda", "H100", 1, 8))))
     facts, node_of = [chip_facts(sc) for sc in topo.sub_clusters], {r: 0 for r in range(8)}
     m = ModelFacts(MID)
-    cands = [c for c in S.mixed_candidates(facts, m, 32) if c.layout.virtual > 1]
-    assert cands and {2, 4} <= {c.layout.virtual for c in cands} <= {2, 4, 8}
-    from hal.strategies.planner.search_families import virtual_options
-    assert virtual_options(2, 32, [8, 8]) == [1, 2, 4, 8] and virtual_options(2, 31, [8, 8]) == [1]
+    cands = [c for c in S.mixed_candidates(facts, m, 32) if c.layout.virtual > 1 and c.layout.schedule == schedule]
+    if schedule == "Interleaved1F1B":
+        assert cands and {2, 4} <= {c.layout.virtual for c in cands} <= {2, 4, 8}
+        from hal.strategies.planner.search_families import virtual_options
+        assert virtual_options(2, 32, [8, 8]) == [1, 2, 4, 8] and virtual_options(2, 31, [8, 8]) == [1]
+    else:
+        assert cands and {c.layout.virtual for c in cands} == {2}
     c = min(cands, key=lambda c: c.estimate_s)
     layout = S.materialize(c.layout, node_of)
     plan = to_plan(layout, MID.name)
-    assert plan.schedule == "Interleaved1F1B" and len(plan.stages) == len(layout.stages) * layout.virtual
+    assert plan.schedule == schedule and len(plan.stages) == len(layout.stages) * layout.virtual
     plan.check(topo, MID)
     sim = simulate(layout, m)
     assert simulate(from_plan(plan, facts, node_of), m).step_time_s == pytest.approx(sim.step_time_s, rel=1e-9)
-    plain = simulate(S.materialize(dataclasses.replace(c.layout, virtual=1), node_of), m)
+    plain = simulate(S.materialize(dataclasses.replace(c.layout, virtual=1, schedule="1F1B"), node_of), m)
     assert sim.step_time_s < plain.step_time_s
 
 

@@ -8,13 +8,16 @@ from ..schedule import Schedule
 from .cost import recompute_kind
 from .facts import ChipFacts
 from .layout import Layout, RepSpec, StageSpec
+from .sim_chain import chunk_layers
 
 
 def to_plan(layout: Layout, model_name: str, schedule: Schedule | str = Schedule.ONE_F_ONE_B) -> Plan:
     """The Plan of a layout: experts are numbered consecutively over each EP group's replicas (the
     stage's replicas when `StageSpec.ep` is None; else blocks of ep replicas, each numbered alike).
     An interleaved layout (`virtual` v > 1) becomes p v plan stages on torch's Interleaved1F1B: rank
-    group s's layers cut into v chunks, plan stage c p + s its chunk c, layers contiguous in stage order."""
+    group s's layers cut into v chunks, plan stage c p + s its chunk c, layers contiguous in stage order.
+    A ZBVZeroBubble layout (virtual 2) becomes 2p plan stages in a V: rank group s's chunk 0 is plan
+    stage s, its chunk 1 plan stage 2p - 1 - s (plan.py's and torch's V placement)."""
     if layout.virtual > 1:
         return _interleaved_plan(layout, model_name)
     stages = []
@@ -35,19 +38,20 @@ def to_plan(layout: Layout, model_name: str, schedule: Schedule | str = Schedule
 
 def _interleaved_plan(layout: Layout, model_name: str) -> Plan:
     v, p = layout.virtual, len(layout.stages)
-    chunks = []
-    for st in layout.stages:
-        base, extra = divmod(st.n_layers, v)
-        chunks.append([base + (1 if c < extra else 0) for c in range(v)])
+    zbv = layout.schedule == Schedule.ZBV_ZERO_BUBBLE
+    chunks = [chunk_layers(st.n_layers, v) for st in layout.stages]
     plain = to_plan(Layout(stages=layout.stages, m=layout.m, zero=layout.zero, node_of=layout.node_of),
                     model_name)
     stages, start = [], 0
     for i in range(p * v):
         c, s = divmod(i, p)
+        if zbv:      # the V: stages 0..p-1 are the groups' chunk 0, p..2p-1 their chunk 1 in reverse
+            c, s = (0, i) if i < p else (1, 2 * p - 1 - i)
         n = chunks[s][c]
         stages.append(plain.stages[s].model_copy(update={"layers": (start, start + n)}))
         start += n
-    return Plan(model=model_name, num_microbatches=layout.m, schedule=Schedule.INTERLEAVED_1F1B, zero=layout.zero,
+    return Plan(model=model_name, num_microbatches=layout.m,
+                schedule=Schedule.ZBV_ZERO_BUBBLE if zbv else Schedule.INTERLEAVED_1F1B, zero=layout.zero,
                 stages=stages)
 
 
@@ -65,14 +69,15 @@ def from_plan(plan: Plan, facts: Sequence[ChipFacts], node_of=None) -> Layout:
             reps.append(RepSpec(f, tuple(rep.ranks), rep.microbatch,
                                 len(st.experts[j]) if st.experts is not None else None))
         stages.append(StageSpec(tuple(st.layers), reps, st.recompute if st.recompute != "none" else False, ep=st.ep))
-    if plan.schedule == Schedule.INTERLEAVED_1F1B:
+    if plan.schedule in (Schedule.INTERLEAVED_1F1B, Schedule.ZBV_ZERO_BUBBLE):
         return _collapse(stages, plan, node_of)
     return Layout(stages=stages, m=plan.num_microbatches, zero=plan.zero, schedule=plan.schedule, node_of=node_of)
 
 
 def _collapse(stages: list[StageSpec], plan: Plan, node_of) -> Layout:
-    """An Interleaved1F1B plan's stages, v per rank group round-robin, as one StageSpec per rank group
-    holding all its layers (the simulator prices a rank group's work; `virtual` = v)."""
+    """An Interleaved1F1B plan's stages, v per rank group round-robin (or a ZBVZeroBubble plan's, 2 per
+    rank group in a V), as one StageSpec per rank group holding all its layers (the simulator prices a
+    rank group's work; `virtual` = v)."""
     keys = [tuple(r.ranks for r in st.reps) for st in stages]
     groups = list(dict.fromkeys(keys))
     p = len(groups)

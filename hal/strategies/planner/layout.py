@@ -19,12 +19,33 @@ from .facts import ChipFacts
 SEND_AFTER_REDUCTION = False
 
 
-def in_flight(m: int, p: int, s: int, virtual: int = 1) -> float:
+def in_flight(m: int, p: int, s: int, virtual: int = 1, schedule: Union[Schedule, str, None] = None) -> float:
     """Micro-batches of stage s's activations alive at its peak: 1F1B min(m, p - s); interleaved with
     v stages per rank keeps (1 + 1/v) of that (Megatron-LM's interleaved warm-up: (v - 1) p + 2 (p - 1)
-    chunk forwards of 1/v of the stage's layers before its first backward, rounded up)."""
+    chunk forwards of 1/v of the stage's layers before its first backward, rounded up); ZBVZeroBubble
+    counted on torch's own order (`zbv_in_flight`: p on every rank group for m >= 2p - 1, the same
+    peak as 1F1B's first stage, as Qi et al. 2023, section 6, state)."""
+    if schedule == Schedule.ZBV_ZERO_BUBBLE:
+        return zbv_in_flight(m, p, s)
     base = min(m, p - s)
     return base if virtual <= 1 else base * (1 + 1 / virtual)
+
+
+def zbv_in_flight(m: int, p: int, s: int) -> float:
+    """Peak activations of rank group s under ZBVZeroBubble, in micro-batches of its whole stage:
+    the most chunk forwards (each half the group's layers) whose weight pass W has not yet run along
+    torch's order (`schedule.zbv_rank_order`; a chunk keeps its activations until W: torch's
+    backward_input retains the graph for backward_weight). Counting on that order gives
+    min(p, (m + 1 + s) / 2, m); tests/test_planner_zero_bubble.py replays the order and compares."""
+    return min(p, (m + 1 + s) / 2, m)
+
+
+def stage_ends(s: int, p: int, schedule: Union[Schedule, str, None] = None) -> tuple[bool, bool]:
+    """(holds the embedding, holds the head and loss) for rank group s of p: the first and the last;
+    under ZBVZeroBubble both on rank group 0 (its V puts stage 0 and stage 2p - 1 there)."""
+    if schedule == Schedule.ZBV_ZERO_BUBBLE:
+        return s == 0, s == 0
+    return s == 0, s == p - 1
 
 
 @dataclass
@@ -69,7 +90,8 @@ class Layout:
     # backward (docs/planner.md, "Prediction error"); HeteroPipeline sends first (False).
     send_after_reduction: bool = SEND_AFTER_REDUCTION
     # stages per rank group: > 1 is torch's Interleaved1F1B over `stages` (one per rank group), each
-    # stage's layers cut into `virtual` chunks placed round-robin (convert.to_plan)
+    # stage's layers cut into `virtual` chunks placed round-robin (convert.to_plan); with
+    # schedule ZBVZeroBubble, 2 chunks placed in a V (rank group s: stage s and stage 2p - 1 - s)
     virtual: int = 1
 
     @property

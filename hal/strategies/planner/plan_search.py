@@ -141,8 +141,8 @@ def materialize(shape: Shape, node_of=None, schedule: Union[Schedule, str] = Sch
                 reps.append(RepSpec(g.facts, tps[k], g.mb, g.experts))
         stages.append(StageSpec((a, b), reps, _stage_recompute(shape.recompute[si] if shape.recompute else False),
                                 ep=shape.ep if g.experts is not None else None))
-    if shape.virtual > 1:
-        schedule = Schedule.INTERLEAVED_1F1B
+    if shape.virtual > 1:        # the search's multi-stage pick: Interleaved1F1B or ZBVZeroBubble
+        schedule = Schedule.ZBV_ZERO_BUBBLE if shape.schedule == Schedule.ZBV_ZERO_BUBBLE else Schedule.INTERLEAVED_1F1B
     return Layout(stages=stages, m=shape.m, zero=shape.zero, schedule=schedule, node_of=node_of,
                   virtual=shape.virtual)
 

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from ..schedule import Schedule
 from .cost import ModelFacts, recompute_kind, replica_cost
 from .facts import ChipFacts
 from .layout import Layout
@@ -107,16 +108,24 @@ def _mixed_one(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, even: 
             groups = [Group(f, t, mb, e, c) for f, runs in zip(facts, kinds) for mb, e, c in runs]
             return Shape([((bounds[s], bounds[s + 1]), groups) for s in range(p)], m, zero, ep=ep)
 
-        for v in (1,) if even else virtual_options(p, m, [b - a for a, b in zip(bounds, bounds[1:])]):
-            def build_v(zero: int, v=v, build=build) -> Shape:
+        counts = [b - a for a, b in zip(bounds, bounds[1:])]
+        opts = [(v, Schedule.INTERLEAVED_1F1B if v > 1 else Schedule.ONE_F_ONE_B)
+                for v in ((1,) if even else virtual_options(p, m, counts))]
+        if not even and zbv_ok(p, counts):
+            opts.append((2, Schedule.ZBV_ZERO_BUBBLE))
+        for v, sched in opts:
+            def build_v(zero: int, v=v, sched=sched, build=build) -> Shape:
                 shape = build(zero)
-                shape.virtual = v
+                shape.virtual, shape.schedule = v, sched
+                if sched == Schedule.ZBV_ZERO_BUBBLE:     # the head is on rank group 0: the lighter stage first
+                    shape.stages = [(rng, g) for rng, (_, g) in zip(_reversed_ranges(counts), shape.stages)]
                 return shape
             best = memory_options(build_v, model)
             if best is None:
                 continue
             shape, est = best
-            inter = f", interleaved x {v}" if v > 1 else ""
+            inter = ", ZBVZeroBubble (2 stages per rank in a V)" if sched == Schedule.ZBV_ZERO_BUBBLE else \
+                f", interleaved x {v}" if v > 1 else ""
             out.append(Candidate("even" if even else "mixed", shape, est,
                                  f"mixed stages: tp {t}, pp {p}{inter}, dp {d}{_ep_text(model, ep, d)}, micro-batch "
                                  f"{bm} x {m}, zero {shape.zero}, {recompute_text(shape.recompute)}"))
@@ -132,6 +141,20 @@ def virtual_options(p: int, m: int, layers: Sequence[int]) -> list[int]:
     if p > 1 and m % p == 0:
         out += [v for v in (2, 4, 8) if min(layers) >= v]
     return out
+
+
+def zbv_ok(p: int, layers: Sequence[int]) -> bool:
+    """Whether torch's ZBVZeroBubble can run a mixed-stage layout of p rank groups with `layers` each:
+    p > 1 and every rank group at least 2 layers (its two V stages). torch asks nothing of the
+    micro-batch count (it lays out max(2p - 1, M) and drops the rest); the search's m >= p holds.
+    Mixed stages only: torch's schedules need equal chains (every stage the same replicas and rows)."""
+    return p > 1 and min(layers) >= 2
+
+
+def _reversed_ranges(counts: Sequence[int]) -> list[tuple[int, int]]:
+    """Layer ranges of stages holding `counts` layers in reverse order (the last count first)."""
+    bounds = list(itertools.accumulate([0] + list(counts)[::-1]))
+    return list(zip(bounds, bounds[1:]))
 
 
 def _ep_text(model: ModelFacts, ep: Optional[int], d: int) -> str:

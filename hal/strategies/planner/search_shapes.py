@@ -3,9 +3,9 @@ identical replicas) and its score (`estimate`), plus the integer splits the cand
 use (layers by speed, rows by water-filling, experts by weight) and the MoE EP options.
 
 The score is the 1F1B step (m - 1) x the slowest stage + one pass through all stages + sends +
-exposed DP reduction + optimizer. It works on counts per (chip, rows, experts), never on ranks, so
-it costs the number of divisors, not the number of ranks; finalists get ranks later
-(plan_search.materialize) and are simulated.
+exposed DP reduction + optimizer (interleaved and ZBVZeroBubble: `estimate`). It works on counts per
+(chip, rows, experts), never on ranks, so it costs the number of divisors, not the number of ranks;
+finalists get ranks later (plan_search.materialize) and are simulated.
 """
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+from ..schedule import Schedule
 from .cost import GRAD_BYTES, ModelFacts, dp_reduce_time, group_bw, p2p_time, replica_cost
 from .facts import ChipFacts
-from .layout import SEND_AFTER_REDUCTION, in_flight
+from .layout import SEND_AFTER_REDUCTION, in_flight, stage_ends
 
 ZERO_LEVELS = (0, 2, 3)
 
@@ -86,6 +87,7 @@ class Shape:
     recompute: list = field(default_factory=list)   # per stage, set by estimate: False, "selective" or True
     ep: Optional[int] = None   # MoE: EP degree (replicas per EP group, every stage); None: the whole DP group
     virtual: int = 1           # stages per rank group (>1: torch's Interleaved1F1B, Narayanan et al. 2021)
+    schedule: str = Schedule.ONE_F_ONE_B    # ZBVZeroBubble: virtual 2 in a V (Qi et al. 2023)
 
     def microbatch(self, s: int) -> int:
         return sum(g.mb * g.count for g in self.stages[s][1])
@@ -104,11 +106,11 @@ def recompute_text(flags: Sequence) -> str:
 def estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[float, bool]:
     """Closed-form step time and whether every replica fits its memory. 1F1B: (m - 1) x the slowest
     stage + one pass through all stages; interleaved (v > 1): the pass less (1 - 1/v) of its fill
-    (Narayanan et al. 2021, the bubble / v) and the sends x v. Recompute is chosen per stage: a stage
-    recomputes only when it does not fit without (`shape.recompute` lists it)."""
+    (Narayanan et al. 2021, the bubble / v) and the sends x v; ZBVZeroBubble: `_zbv_pass`. Recompute is
+    chosen per stage: a stage recomputes only when it does not fit without (`shape.recompute` lists it)."""
     p, m, v = len(shape.stages), shape.m, shape.virtual
     stage_t, fits, tail, p2p, chain = [], True, 0.0, 0.0, 0.0
-    flags = []
+    flags, split = [], []
     for s, ((a, b), groups) in enumerate(shape.stages):
         n_layers, dp, bm = b - a, sum(g.count for g in groups), shape.microbatch(s)
         nic = min(g.facts.nic_bw for g in groups)
@@ -116,11 +118,16 @@ def estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[fl
         # core, ModelFacts(fused_attention=False)), else full
         for recompute in ((shape.recompute[0],) if uniform else RECOMPUTE_TRIES):
             worst, opt, bwd_min, params, eparams, ok = 0.0, 0.0, float("inf"), 0.0, 0.0, True
+            first, last = stage_ends(s, p, shape.schedule)
+            fiw = (0.0, 0.0, 0.0)
             for g in groups:
                 ep, gmb = ep_of(model, shape.ep, dp, g, nic, bm)
-                c = replica_cost(model, g.facts, g.tp, n_layers, s == 0, s == p - 1, g.mb, recompute, shape.zero,
-                                 dp, in_flight(m, p, s, v), ep=ep, experts_local=g.experts, group_mb=gmb)
+                c = replica_cost(model, g.facts, g.tp, n_layers, first, last, g.mb, recompute, shape.zero,
+                                 dp, in_flight(m, p, s, v, shape.schedule), ep=ep, experts_local=g.experts,
+                                 group_mb=gmb)
                 ok = ok and c.memory <= g.facts.memory
+                if c.fwd + c.bwd >= worst:
+                    fiw = (c.fwd, c.bwd - c.bwd_weight, c.bwd_weight)
                 worst = max(worst, c.fwd + c.bwd)
                 opt, bwd_min = max(opt, c.optimizer), min(bwd_min, c.bwd)
                 eparams = c.expert_params_local      # whole on each TP rank, outside DDP/FSDP2
@@ -130,6 +137,7 @@ def estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[fl
         fits = fits and ok
         flags.append(recompute)
         stage_t.append(worst)
+        split.append(fiw)
         if dp > 1:
             parts: dict[str, list] = {}
             for g in groups:
@@ -153,7 +161,19 @@ def estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[fl
     if not uniform:
         shape.recompute = flags
     mx = max(stage_t)
+    if shape.schedule == Schedule.ZBV_ZERO_BUBBLE:
+        return _zbv_pass(m, p, stage_t, split) + 2 * p2p + chain + tail, fits
     return (m - 1) * mx + mx + (sum(stage_t) - mx) / v + p2p * v + chain + tail, fits
+
+
+def _zbv_pass(m: int, p: int, stage_t: Sequence[float], split: Sequence[tuple[float, float, float]]) -> float:
+    """ZBVZeroBubble's compute span in closed form: m x the slowest rank group's F + I + W, plus a fill
+    of (p - 1) x max(0, F + I - 2 W) / 2 of that group: ZB-H1's bubble (p - 1)(T_F + T_B - T_W) (Qi et
+    al. 2023, section 2) with the V's chunks of half the layers and a W in each, zero when
+    T_F = T_B = T_W as the paper's ZB-V is. A ranking only: finalists replay torch's order (sim_chain.py)."""
+    s = max(range(p), key=lambda i: stage_t[i])
+    f, i, w = split[s]
+    return m * stage_t[s] + (p - 1) * max(0.0, f + i - 2 * w) / 2
 
 
 def ep_of(model: ModelFacts, ep: Optional[int], dp: int, g: Group, nic: float,

@@ -12,7 +12,7 @@ import copy
 
 from ..schedule import Schedule, stage_order
 from .cost import GRAD_BYTES, ModelFacts, ReplicaCost, gather_time, group_bw, p2p_time, replica_cost
-from .layout import Layout, RepSpec, StageSpec, on_one_node
+from .layout import Layout, RepSpec, StageSpec, on_one_node, stage_ends
 from .layout import in_flight as layout_in_flight
 
 
@@ -35,8 +35,9 @@ def fsdp_copy_bytes(dense: float, ends: float, d: int, zero: int, kind: str, j: 
 
 
 def simulated_schedule(layout: Layout) -> Schedule:
-    """The order the simulator replays: GPipe as GPipe, every other schedule as 1F1B (interleaved
-    and zero-bubble schedules only shrink the bubble, so 1F1B bounds them from above)."""
+    """The order the event pass (sim_events.py) replays: GPipe as GPipe, every other schedule as
+    1F1B (Interleaved1F1B is then corrected in simulate.py). ZBVZeroBubble is not replayed here:
+    sim_chain.py replays torch's own order for it."""
     return Schedule.GPIPE if layout.schedule == Schedule.GPIPE else Schedule.ONE_F_ONE_B
 
 
@@ -66,12 +67,14 @@ def _stage_row(layout: Layout, model: ModelFacts, s: int) -> list[ReplicaCost]:
     row, memo, grp_memo = [], {}, {}
     dp = len(st.reps)
     nic = min(x.facts.nic_bw for x in st.reps)
-    in_flight = m if simulated_schedule(layout) == Schedule.GPIPE else layout_in_flight(m, p, s, layout.virtual)
+    in_flight = m if simulated_schedule(layout) == Schedule.GPIPE else \
+        layout_in_flight(m, p, s, layout.virtual, layout.schedule)
+    first, last = stage_ends(s, p, layout.schedule)
     for j, r in enumerate(st.reps):
         ep, gmb = _ep_args(model, st, j, nic, layout.node_of or {}, grp_memo)
         key = (r.facts.name, len(r.ranks), r.mb, r.experts, ep, gmb)
         if key not in memo:
-            memo[key] = copy.copy(replica_cost(model, r.facts, len(r.ranks), st.n_layers, s == 0, s == p - 1, r.mb,
+            memo[key] = copy.copy(replica_cost(model, r.facts, len(r.ranks), st.n_layers, first, last, r.mb,
                                                st.recompute, layout.zero, dp, in_flight, ep=ep,
                                                experts_local=r.experts, group_mb=gmb))
         row.append(memo[key])
@@ -103,6 +106,17 @@ def _ddp_copy_in(layout: Layout, costs: list[list[ReplicaCost]]) -> list[list[fl
              for r, rep in enumerate(st.reps)] for s, st in enumerate(layout.stages)]
 
 
+def fsdp_copy_seconds(layout: Layout, model: ModelFacts, costs: list[list[ReplicaCost]], s: int, r: int,
+                      kind: str, j: int) -> float:
+    """Seconds of FSDP2's own copies (`fsdp_copy_bytes`) in replica r of stage s's forward ("F") /
+    backward ("B") of micro-batch j, at the replica's memory bandwidth."""
+    c, rep, p = costs[s][r], layout.stages[s].reps[r], len(layout.stages)
+    dense = (c.params_local - c.expert_params_local) * model.dtype_bytes
+    ends = sum(stage_ends(s, p, layout.schedule)) * model.embed_params * model.dtype_bytes
+    nbytes = fsdp_copy_bytes(dense, ends, len(layout.stages[s].reps), layout.zero, kind, j, layout.m)
+    return nbytes / rep.facts.memory_bw
+
+
 def op_queues(layout: Layout, model: ModelFacts, costs: list[list[ReplicaCost]]) -> list[list[list[tuple]]]:
     """queues[s][r]: replica r of stage s's operations in schedule order, each (is forward,
     micro-batch, compute seconds, DDP copy-in seconds, FSDP2 copy seconds). A backward after the
@@ -113,10 +127,7 @@ def op_queues(layout: Layout, model: ModelFacts, costs: list[list[ReplicaCost]])
     ddp_in = _ddp_copy_in(layout, costs)
 
     def fsdp_copies(s: int, r: int, kind: str, j: int) -> float:
-        c, rep = costs[s][r], stages[s].reps[r]
-        dense = (c.params_local - c.expert_params_local) * model.dtype_bytes
-        ends = ((s == 0) + (s == p - 1)) * model.embed_params * model.dtype_bytes
-        return fsdp_copy_bytes(dense, ends, len(stages[s].reps), layout.zero, kind, j, m) / rep.facts.memory_bw
+        return fsdp_copy_seconds(layout, model, costs, s, r, kind, j)
 
     memo: dict[tuple, list] = {}
     queues = []

@@ -12,12 +12,14 @@ the optimizer step. Start times are a longest path through this graph, computed 
 The stages of `simulate`, one module each:
   sim_costs.py      per-op costs: each replica's forward / backward / copies, each send's seconds
   layout.py         the layout and the rows each replica sends the next stage (`row_links`)
-  sim_events.py     the longest-path pass over every replica's schedule
+  sim_events.py     the longest-path pass over every replica's schedule (1F1B, GPipe)
+  sim_chain.py      the same for ZBVZeroBubble: torch's F / I / W order, two stages per rank group
   sim_reduction.py  the DP / ZeRO reduction and the loss all-reduce
   this module       the step's end, per-rank statistics and the result
 
-Interleaved and zero-bubble schedules are simulated as 1F1B (a conservative bound: they only
-shrink the bubble); the result's notes say so.
+ZBVZeroBubble replays torch's own action order (sim_chain.py). Interleaved1F1B is the 1F1B pass
+less (1 - 1/v) of its fill and drain (`_interleaved`); other multi-stage schedules are simulated as
+1F1B (a conservative bound: they only shrink the bubble); the result's notes say so.
 """
 from __future__ import annotations
 
@@ -26,10 +28,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..schedule import ORDERED_SCHEDULES
+from ..schedule import ORDERED_SCHEDULES, Schedule
 from .cost import ModelFacts, ReplicaCost
-from .layout import SEND_AFTER_REDUCTION, Layout, RepSpec, StageSpec, row_links
-from .sim_costs import fsdp_copy_bytes, op_queues, send_times, stage_costs
+from .layout import SEND_AFTER_REDUCTION, Layout, RepSpec, StageSpec, row_links, stage_ends
+from .sim_chain import ChainPass
+from .sim_costs import _ddp_copy_in, fsdp_copy_bytes, fsdp_copy_seconds, op_queues, send_times, stage_costs
 from .sim_events import EventPass
 from .sim_reduction import DDP_BUCKET_BYTES, loss_allreduce_seconds, reduction_end
 
@@ -79,14 +82,22 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
     reduction, the loss all-reduce and the optimizer, then the statistics. With `trace` the result
     carries a Chrome trace (one process per stage, one thread per replica)."""
     notes = []
+    zbv = layout.schedule == Schedule.ZBV_ZERO_BUBBLE
     if layout.schedule not in ORDERED_SCHEDULES and layout.virtual <= 1:
         notes.append(f"schedule {layout.schedule} simulated as 1F1B (an upper bound on its bubble)")
     costs = stage_costs(layout, model)
-    fwd_out, bwd_out = send_times(layout, model, row_links(layout.stages))
 
     def reduction(s: int, last_b_start: float, last_b_end: float) -> tuple[float, bool]:
         return reduction_end(layout, model, costs, s, last_b_start, last_b_end)
 
+    if zbv and layout.virtual == 2:
+        ev = ChainPass(layout, model, costs, _ddp_copy_in(layout, costs),
+                       lambda s, r, kind, j: fsdp_copy_seconds(layout, model, costs, s, r, kind, j), trace).run()
+        notes.append("ZBVZeroBubble: torch's F / I / W order replayed, W = the weight-gradient GEMMs "
+                     "(Qi et al. 2023)")
+        step_end, per_rep_end = _step_end(layout, costs, ev, reduction, trace)
+        return _statistics(layout, model, costs, ev, step_end, per_rep_end, notes)
+    fwd_out, bwd_out = send_times(layout, model, row_links(layout.stages))
     ev = EventPass(layout.stages, layout.m, op_queues(layout, model, costs), fwd_out, bwd_out, reduction,
                    layout.send_after_reduction, trace).run()
     step_end, per_rep_end = _step_end(layout, costs, ev, reduction, trace)
@@ -110,7 +121,7 @@ def _interleaved(layout: Layout, costs: list[list[ReplicaCost]], fwd_out: list, 
     return step_end - gain + 2 * (v - 1) * sends
 
 
-def _step_end(layout: Layout, costs: list[list[ReplicaCost]], ev: EventPass, reduction,
+def _step_end(layout: Layout, costs: list[list[ReplicaCost]], ev: "EventPass | ChainPass", reduction,
               trace: bool) -> tuple[float, list[list[tuple[float, float]]]]:
     """(end of the step, per replica (its optimizer's end, seconds of its stage's reduction after
     its last backward)). Each stage's DP reduction follows its replicas' last backward (unless the
@@ -141,7 +152,7 @@ def _step_end(layout: Layout, costs: list[list[ReplicaCost]], ev: EventPass, red
     return step_end, per_rep_end
 
 
-def _statistics(layout: Layout, model: ModelFacts, costs: list[list[ReplicaCost]], ev: EventPass,
+def _statistics(layout: Layout, model: ModelFacts, costs: list[list[ReplicaCost]], ev: "EventPass | ChainPass",
                 step_end: float, per_rep_end: list, notes: list[str]) -> SimResult:
     """Per rank: busy (compute, less TP / EP communication), comm (that communication plus its
     stage's exposed reduction), bubble (waiting inside its first-forward..last-backward span, and
@@ -154,7 +165,8 @@ def _statistics(layout: Layout, model: ModelFacts, costs: list[list[ReplicaCost]
     comm_all = bubble_all = 0.0
     fits = True
     for s, st in enumerate(layout.stages):
-        fl_model = (model.layer_fwd_flops() * st.n_layers + (model.head_fwd_flops() if s == p - 1 else 0)) * 3
+        head = stage_ends(s, p, layout.schedule)[1]
+        fl_model = (model.layer_fwd_flops() * st.n_layers + (model.head_fwd_flops() if head else 0)) * 3
         for r, rep in enumerate(st.reps):
             c = costs[s][r]
             busy = m * (c.fwd + c.bwd) + (m - 1) * c.grad_acc

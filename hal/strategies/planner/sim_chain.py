@@ -1,0 +1,172 @@
+"""The step simulator's event pass for torch's ZBVZeroBubble: each rank group runs torch's own
+action order (hal/strategies/schedule.zbv_rank_order: F, I = input gradient, W = weight gradient, two
+stages per rank group in a V), each action with its own cost, and the pass replays it.
+
+A ZBV layout is a set of equal chains (TorchPipeline's rule: every stage the same replicas, TP degree
+and rows), so replica r of each rank group forms one chain that exchanges activations and gradients
+only along itself; each distinct chain (its replicas' costs, chips and nodes) is replayed once. Per
+action, from the rank group's `ReplicaCost` (sim_costs.stage_costs) cut by the chunk's share of the
+group's layers:
+
+  F   its forward (plus FSDP2's first-forward copies on micro-batch 0)
+  I   the backward less its weight-gradient GEMMs (`ReplicaCost.bwd_weight`): the input-gradient
+      GEMMs, the attention core's backward (no weights), recompute, TP communication, ZeRO-3's regather
+  W   the weight-gradient GEMMs (Qi et al. 2023, arXiv 2401.10241, section 2: T_W ~ T_F for a
+      layer's matmuls), the gradient accumulation after micro-batch 0, and on the last micro-batch
+      DDP's bucket copy-in and FSDP2's gradient packing
+
+An action waits for its rank group and its inputs: F(k, j) for F(k - 1, j) plus the send, I(k, j) for
+F(k, j) and I(k + 1, j) plus the send; the send between the two middle stages (both on rank group
+p - 1) is free. Sends do not queue behind one another (each is one activation of the boundary).
+What this module approximates: a chunk's cost is the group's cost x its share of the layers (the head
+and embedding of rank group 0 are spread over both its chunks), and the DP reduction follows the group's
+last action (torch reduces each stage after its last W: DDP inside it, FSDP2 after it).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..schedule import zbv_rank_order, zbv_stage_of
+from .cost import ModelFacts, ReplicaCost, p2p_time
+from .layout import Layout
+
+
+def chunk_layers(n_layers: int, chunks: int) -> list[int]:
+    """A rank group's layers cut into `chunks` consecutive chunks, the first ones one larger
+    (convert.to_plan lays plan stages out the same way)."""
+    base, extra = divmod(n_layers, chunks)
+    return [base + (1 if c < extra else 0) for c in range(chunks)]
+
+
+class ChainPass:
+    """The pass over a ZBV layout. After `run()` the same per [stage][replica][micro-batch] lists
+    simulate.py reads of sim_events.EventPass: start_f (the rank group's first forward of j),
+    start_b / done_b (start and end of its last weight pass W of j: where j's gradient is complete),
+    red_at (empty: the reduction follows the last W) and `events` (Chrome trace, when `trace`)."""
+
+    def __init__(self, layout: Layout, model: ModelFacts, costs: list[list[ReplicaCost]],
+                 ddp_in: list[list[float]], fsdp_copies: Callable[[int, int, str, int], float],
+                 trace: bool) -> None:
+        self.layout, self.model, self.costs = layout, model, costs
+        self.ddp_in, self.fsdp_copies, self.trace = ddp_in, fsdp_copies, trace
+        self.p, self.m = len(layout.stages), layout.m
+        n = [len(st.reps) for st in layout.stages]
+        if len(set(n)) != 1:
+            raise ValueError(f"ZBVZeroBubble needs equal chains (every rank group the same replicas); replicas "
+                             f"per rank group: {n}")
+        self.nreps = n[0]
+        m = self.m
+        self.start_f = [[[0.0] * m for _ in st.reps] for st in layout.stages]
+        self.start_b = [[[0.0] * m for _ in st.reps] for st in layout.stages]
+        self.done_b = [[[0.0] * m for _ in st.reps] for st in layout.stages]
+        self.red_at: dict[int, float] = {}
+        self.events: list[dict] = []
+
+    def run(self) -> "ChainPass":
+        """Replay every distinct chain; RuntimeError when an order's dependencies cannot be met."""
+        memo: dict[tuple, list] = {}
+        for r in range(self.nreps):
+            sends = [self._send(r, k, k + 1) for k in range(2 * self.p - 1)]  # stage k -> k + 1 (and back)
+            key = self._chain_key(r, sends)
+            if key not in memo or self.trace:
+                memo[key] = self._replay(r, sends)
+            for s, (sf, sb, db) in enumerate(memo[key]):
+                self.start_f[s][r], self.start_b[s][r], self.done_b[s][r] = sf, sb, db
+        return self
+
+    def _chain_key(self, r: int, sends: list[float]) -> tuple:
+        """What makes chain r's replay differ from another's: its costs, chips, rows and sends."""
+        stages = self.layout.stages
+        return tuple((id(self.costs[s][r]), id(st.reps[r].facts), len(st.reps[r].ranks), st.reps[r].mb,
+                      self.ddp_in[s][r]) for s, st in enumerate(stages)) + tuple(sends)
+
+    def _durations(self, s: int, r: int) -> dict[tuple[str, int], list[float]]:
+        """Seconds of replica r of rank group s's actions: (kind, stage) -> per micro-batch. FSDP2's
+        copies differ only on the first forward and the last backward (`fsdp_copy_bytes`)."""
+        c, p, m = self.costs[s][r], self.p, self.m
+        n = self.layout.stages[s].n_layers
+        share = [x / n for x in chunk_layers(n, 2)] if n else [0.5, 0.5]
+        w, zero = c.bwd_weight, self.layout.zero
+
+        def copies(kind: str, j: int) -> float:
+            return self.fsdp_copies(s, r, kind, j) if zero >= 1 else 0.0
+
+        f_first, f_rest = c.fwd + copies("F", 0), c.fwd + copies("F", min(1, m - 1))
+        w_first = w + copies("B", 0) + (self.ddp_in[s][r] if m == 1 else 0.0)
+        w_mid = w + c.grad_acc + copies("B", min(1, m - 1))
+        w_last = w + (c.grad_acc if m > 1 else 0.0) + self.ddp_in[s][r] + copies("B", m - 1)
+        out = {}
+        for ch in (0, 1):
+            k, f = zbv_stage_of(s, ch, p), share[ch]
+            out[("F", k)] = [f * f_first] + [f * f_rest] * (m - 1)
+            out[("I", k)] = [f * (c.bwd - w)] * m
+            out[("W", k)] = ([f * w_first] + [f * w_mid] * (m - 2) + [f * w_last]) if m > 1 else [f * w_first]
+        return out
+
+    def _send(self, r: int, src_stage: int, dst_stage: int) -> float:
+        """Seconds of one boundary activation (or its gradient) between two stages of chain r."""
+        p, stages, node_of = self.p, self.layout.stages, self.layout.node_of or {}
+        a = stages[src_stage if src_stage < p else 2 * p - 1 - src_stage].reps[r]
+        b = stages[dst_stage if dst_stage < p else 2 * p - 1 - dst_stage].reps[r]
+        if a.ranks == b.ranks:
+            return 0.0
+        same = bool(node_of) and node_of.get(a.ranks[0], -1) == node_of.get(b.ranks[0], -2)
+        return p2p_time(a.mb * self.model.boundary_bytes() / len(a.ranks), a.facts, b.facts, same)
+
+    def _replay(self, r: int, fwd_send: list[float]) -> list[tuple[list[float], list[float], list[float]]]:
+        """Chain r: every rank group's actions settled in order; per rank group (start_f, start_b,
+        done_b) per micro-batch. fwd_send[k]: seconds of a send between stage k and k + 1."""
+        p, m, S = self.p, self.m, 2 * self.p
+        orders = [zbv_rank_order(s, p, m) for s in range(p)]
+        durs = [self._durations(s, r) for s in range(p)]
+        done: dict[tuple[str, int, int], float] = {}
+        pos, free = [0] * p, [0.0] * p
+        out = [([0.0] * m, [0.0] * m, [0.0] * m) for _ in range(p)]
+        left = sum(len(o) for o in orders)
+        while left:
+            moved = 0
+            for s in range(p):
+                while pos[s] < len(orders[s]):
+                    kind, k, j = act = orders[s][pos[s]]
+                    ready = self._ready(kind, k, j, S, done, fwd_send)
+                    if ready is None:
+                        break
+                    t0 = max(free[s], ready)
+                    t1 = done[act] = free[s] = t0 + durs[s][kind, k][j]
+                    pos[s] += 1
+                    moved += 1
+                    self._record(out[s], s, r, act, t0, t1)
+            if not moved:
+                raise RuntimeError(f"ZBV simulation of chain {r} deadlocked with {left} actions left "
+                                   f"(rank groups at actions {pos})")
+            left -= moved
+        return out
+
+    @staticmethod
+    def _ready(kind: str, k: int, j: int, S: int, done: dict, fwd_send: list[float]):
+        """When action (kind, k, j)'s inputs are there, or None when one is not yet settled."""
+        if kind == "F":
+            if k == 0:
+                return 0.0
+            t = done.get(("F", k - 1, j))
+            return None if t is None else t + fwd_send[k - 1]
+        if kind == "W":
+            return done.get(("I", k, j))
+        t = done.get(("F", k, j))
+        if t is None or k == S - 1:
+            return t
+        g = done.get(("I", k + 1, j))
+        return None if g is None else max(t, g + fwd_send[k])
+
+    def _record(self, out: tuple, s: int, r: int, act: tuple, t0: float, t1: float) -> None:
+        kind, k, j = act
+        start_f, start_b, done_b = out
+        if kind == "F" and k == s:          # chunk 0's forward: the group's first of micro-batch j
+            start_f[j] = t0
+        if kind == "W" and t1 >= done_b[j]:
+            start_b[j], done_b[j] = t0, t1
+        if self.trace:
+            rep = self.layout.stages[s].reps[r]
+            self.events.append({"name": f"{kind}{j}@{k}", "ph": "X", "ts": t0 * 1e6, "dur": (t1 - t0) * 1e6,
+                                "pid": s, "tid": r, "args": {"ranks": list(rep.ranks), "chip": rep.facts.name,
+                                                             "stage": k, "microbatch_rows": rep.mb}})
