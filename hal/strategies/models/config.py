@@ -26,7 +26,9 @@ V = vocab, E = experts, k = top_k, F = shared_ffn):
   inputs as well (+ 2(q + c)/t). With full recompute only the block input is kept, 2 s b h. The MLP
   term is the real MLP's (`mlp_activation_bytes`): Korthikanti's 16h is their GeLU MLP of width 4h
   (the GeLU input and the second GEMM's input, 2 x 4h x 2 bytes); SwiGLU of width f keeps 8f as
-  torch's autograd runs it, 6f with a fused SwiGLU kernel (= 16h at f = 8h/3). The rest (10h) was
+  torch's autograd runs it, 6f with a fused SwiGLU kernel (= 16h at f = 8h/3). A MoE layer keeps
+  its own term instead, whole on every TP rank (`moe_activation_bytes`: the router's fp32 softmax,
+  and per routed copy the expert's input, its SwiGLU and, unfused, its output). The rest (10h) was
   derived with dropout and LayerNorm; here it is an estimate for our RMSNorm blocks, not a measurement.
   `attention="fused"` drops the 5as/h term a flash-style kernel never stores; measured against a
   real block in docs/performance.md (benchmarks/activation_memory.py): within about 1.5x.
@@ -256,7 +258,7 @@ class ModelConfig(FieldErrorModel):
         q, c = self.q_dim, self.kv_dim
         sharded = 4 * q + 4 * c + self.mlp_activation_bytes(fused_swiglu) + (2 * (q + c) if self.qk_norm else 0)
         scores = 0.0 if attention == "fused" else 5 * a * s
-        return s * b * (10 * h + (sharded + scores) / tp)
+        return s * b * (10 * h + self.moe_activation_bytes(fused_swiglu) + (sharded + scores) / tp)
 
     def mlp_activation_bytes(self, fused_swiglu: bool = False) -> float:
         """Bytes per token (16-bit) one block's MLP keeps for backward beyond its input (which the 10h
@@ -269,10 +271,37 @@ class ModelConfig(FieldErrorModel):
         BiasSwiGLUFunction, megatron/core/fusions/fused_bias_swiglu.py: save_for_backward(input))
         keeps 2 x 2f + 2f = 6f, which at Megatron's GPT width f = 8h/3 is the GeLU MLP's 16h."""
         if self.is_moe:
-            # MoE layer: its own term (top_k x the expert ffn, the router) goes here; until then the
-            # dense GeLU-4h estimate, as before
-            return 16.0 * self.hidden
+            return 0.0       # the MoE layer is not sharded over TP: `moe_activation_bytes`, counted whole
         return (6.0 if fused_swiglu else 8.0) * self.ffn
+
+    def moe_activation_bytes(self, fused_swiglu: bool = False) -> float:
+        """Bytes per token one MoE layer keeps for backward beyond its input (0 for a dense model), NOT
+        sharded over TP: apply_plan's TP replicates the MoE layer (tensor_parallel.block_plan) and the
+        published MoE runs use expert TP 1. Korthikanti et al.'s accounting (every tensor a backward
+        reads, 2 bytes an element) applied to the routed layer (hal.strategies.moe; Megatron-Core's
+        MoELayer with the alltoall dispatcher and grouped experts):
+          - the router's fp32 softmax output, kept for its backward: 4E;
+          - each of the k routed copies of the token: the expert's input row (its first GEMM's weight
+            gradient) 2h, the expert's SwiGLU as `mlp_activation_bytes` counts it on the expert ffn f
+            (8f eager, 6f fused), and the expert's output row 2h, which apply_plan multiplies by the
+            gate after the expert (`back * gates`: the product keeps it for the gate's gradient); the
+            fused kernels (Megatron-Core's weighted_bias_swiglu / weighted_bias_quick_geglu,
+            megatron/core/transformer/moe/experts.py at b0cc2706dd, l. 680-705) apply the gate inside
+            the activation and keep only its input, so no output row;
+          - the shared path (shared_ffn F): its SwiGLU, 8F or 6F (its input is the layer's)."""
+        return sum(self.moe_activation_parts(fused_swiglu).values())
+
+    def moe_activation_parts(self, fused_swiglu: bool = False) -> dict[str, float]:
+        """`moe_activation_bytes` by part (bytes per token): "router" (4E), "rows" (the routed copies'
+        input and, unfused, output rows: what the dispatch's permute / un-permute passes move), "swiglu"
+        (the experts' SwiGLU on the k copies and the shared path's). Empty for a dense model."""
+        if not self.is_moe:
+            return {}
+        h, f, k = self.hidden, self.ffn, self.top_k
+        swiglu = 6.0 if fused_swiglu else 8.0
+        shared = swiglu * self.shared_ffn if self.shared_experts else 0.0
+        return {"router": 4.0 * self.experts, "rows": k * (2.0 * h + (0.0 if fused_swiglu else 2.0 * h)),
+                "swiglu": k * swiglu * f + shared}
 
     @staticmethod
     def state_bytes_per_param(zero: int, dp: int) -> float:

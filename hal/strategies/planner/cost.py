@@ -137,6 +137,13 @@ class ModelFacts:
             self._act[key] = whole * self.dtype_bytes / BF16    # ModelConfig counts 16-bit activations
         return self._act[key]
 
+    def dispatched_act_bytes(self) -> float:
+        """Of one sample's `act_bytes`, what the MoE router and dispatch passes write and read (the
+        router's softmax, the routed rows: ModelConfig.moe_activation_parts), which
+        `moe_dispatch_bytes` prices, so the elementwise estimate leaves them out; 0 for a dense model."""
+        parts = self.cfg.moe_activation_parts(self.fused_swiglu) if self.experts else {}
+        return (parts.get("router", 0.0) + parts.get("rows", 0.0)) * self.seq * self.dtype_bytes / BF16
+
     def boundary_bytes(self) -> float:
         """Bytes of one sample's activation crossing a pipeline boundary (b s h elements)."""
         return self.dtype_bytes * self.seq * self.hidden
@@ -339,7 +346,7 @@ def _forward_seconds(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, last: 
         tokens, vt = m.seq * mb, (tp if m.vocab_parallel else 1)
         secs += m.head_fwd_flops() * mb / vt / _rate(f, tokens, m.vocab / vt, m.hidden)
     # the layer's activations without a score tensor ("selective" keeps none), written and read once
-    act = ELEMENTWISE_PASSES * m.act_bytes(tp, "selective") * mb * n_layers
+    act = ELEMENTWISE_PASSES * (m.act_bytes(tp, "selective") - m.dispatched_act_bytes()) * mb * n_layers
     if not m.fused_attention:      # the score tensor's traffic (its heads are split over TP)
         act += SCORE_BYTES * m.heads / tp * m.seq ** 2 * mb * n_layers
     return secs, act / f.memory_bw, n_layers * attn
