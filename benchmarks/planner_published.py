@@ -88,7 +88,7 @@ class Row:
     # and Megatron's GeLU 4h MLP of the GPT rows (16h = 6f at their f = 8h/3); False: eager autograd's 8f
     fused_swiglu: bool = True
     layer_split: Optional[tuple[int, ...]] = None   # layers per pipeline stage where the source states them
-    p2p_gather: bool = False       # Megatron-LM 2021's scatter/gather sends (Narayanan et al. 2021, section 4.1)
+    megatron_p2p: bool = False     # Megatron-LM's synchronous p2p (+ scatter/gather): ModelFacts.megatron_p2p
 
 
 def _megatron(name, layers, hidden, heads, tp, pp, gpus, batch, tflops) -> Row:
@@ -96,7 +96,7 @@ def _megatron(name, layers, hidden, heads, tp, pp, gpus, batch, tflops) -> Row:
     s, v = cfg.seq, cfg.vocab
     per_token = 96 * layers * hidden ** 2 * (1 + s / (6 * hidden) + v / (16 * layers * hidden))
     return Row(name, cfg, "A100", gpus, tp, pp, batch, 1, "full", tflops * 1e12 * gpus / per_token,
-               f"{tflops:.0f} TFLOP/s/GPU", NARAYANAN, fused_attention=False, p2p_gather=True,
+               f"{tflops:.0f} TFLOP/s/GPU", NARAYANAN, fused_attention=False, megatron_p2p=True,
                assumed="micro-batch 1 and plain 1F1B (Table 1 gives neither; the paper's interleaving would only "
                        "raise the prediction); fp32 gradient all-reduce after backward")
 
@@ -120,7 +120,7 @@ def _mcore_h100(name, layers, hidden, heads, tp, pp, gpus, batch, tflops) -> Row
     s, v = cfg.seq, cfg.vocab
     per_token = 72 * layers * hidden ** 2 * (1 + s / (6 * hidden) + v / (12 * layers * hidden))
     return Row(name, cfg, "H100", gpus, tp, pp, batch, 1, "none", tflops * 1e12 * gpus / per_token,
-               f"{tflops} TFLOP/s/GPU", MCORE_H100, zero=1, sp=True, tp_overlap=True,
+               f"{tflops} TFLOP/s/GPU", MCORE_H100, zero=1, sp=True, tp_overlap=True, megatron_p2p=True,
                assumed="micro-batch 1, plain 1F1B, no recompute (the table states none of them); the "
                        "distributed optimizer (ZeRO 1) that --overlap-param-gather implies")
 
@@ -154,7 +154,7 @@ def rows() -> list[Row]:
         s, v = cfg.seq, cfg.vocab       # the source's model FLOPs (no recompute): 72 l h^2 (1 + s/6h + V/12lh)
         per_token = 72 * layers * hidden ** 2 * (1 + s / (6 * hidden) + v / (12 * layers * hidden))
         out.append(Row(name, cfg, "A100", gpus, 8, pp, gpus, 1, "selective", mfu * 312e12 * gpus / per_token,
-                       f"MFU {mfu:.1%}", KORTHIKANTI, sp=True, fused_attention=False,
+                       f"MFU {mfu:.1%}", KORTHIKANTI, sp=True, fused_attention=False, megatron_p2p=True,
                        assumed="micro-batch 1, global batch = GPUs, plain 1F1B"))
     out += [_mcore_h100("mcore-70b", 84, 8192, 64, 8, 2, 768, 384, 419.7),
             _mcore_h100("mcore-177b", 96, 12288, 96, 8, 6, 2304, 1152, 432.8),
@@ -204,7 +204,7 @@ def run(row: Row, do_search: bool) -> dict:
     # and Megatron-Core's distributed optimizer shards expert state over the expert-DP group (MoE rows)
     model = ModelFacts(row.cfg, vocab_parallel=True, sequence_parallel=row.sp, fused_attention=row.fused_attention,
                        tp_overlap=row.tp_overlap, fused_swiglu=row.fused_swiglu,
-                       p2p_gather=row.p2p_gather, shard_expert_state=True)
+                       megatron_p2p=row.megatron_p2p, shard_expert_state=True)
     t0 = time.perf_counter()
     sim = simulate(authors_layout(row, facts[0], node_of), model)
     out = {"row": row.name, "gpus": row.gpus, "chip": row.chip, "published": row.published,
