@@ -7,9 +7,11 @@ cost model and timed emulation both charge work from (no single MFU constant).
 
 Op classes (all fractions are of the catalog peak of the dtype the work runs in, or of its memory / link
 bandwidth):
-  - GEMM: `gemm_peak x s(m) s(n) s(k)`, s(x) = x / (x + gemm_half_dim): a saturating curve in each
-    dimension (small dimensions cannot fill the tensor cores), its asymptote the best sustained
-    fraction of a large GEMM measured by a published microbenchmark. A measured matrix (`hal conformance
+  - GEMM: `min(gemm_peak x s(m) s(n) s(k), gemm_max)`, s(x) = x / (x + gemm_half_dim): a saturating
+    curve in each dimension (small dimensions cannot fill the tensor cores), anchored so that it passes
+    through a published microbenchmark's best shape, and capped at that benchmark's maximum (`gemm_max`,
+    optional: MAMF is the *maximum* achievable over its sweep of shapes, so the curve's rise beyond the
+    best shape is the fit's form, not a measurement). A measured matrix (`hal conformance
     --level perf --efficiency FILE`) replaces the curve by its own points, interpolated (`with_measured`).
   - attention: fused (flash-style) attention forward + backward at `attention` x peak.
   - memory-bound ops (norms, activations, residuals, the optimizer, copies): `memory` x bandwidth.
@@ -18,7 +20,7 @@ bandwidth):
   - memory headroom: `memory_reserve_bytes` (runtime context, communication buffers) and
     `memory_fragmentation` (the caching allocator's unusable share) leave `usable_memory` for a plan.
 
-Invariant checked at construction: no op class exceeds `best_fraction` (= gemm_peak), so "every chip at
+Invariant checked at construction: no op class exceeds `best_fraction` (= min(gemm_peak, gemm_max)), so "every chip at
 its best sustained rate, no communication" is a true upper bound on any plan's throughput.
 """
 from __future__ import annotations
@@ -34,8 +36,9 @@ FIELDS: dict[str, tuple[float, float]] = {
     "gemm_peak": (0.05, 1.0), "gemm_half_dim": (1.0, 65536.0), "attention": (0.01, 1.0),
     "memory": (0.05, 1.0), "intra_link": (0.05, 1.0), "nic_link": (0.05, 1.0),
     "intra_latency_s": (0.0, 1e-2), "nic_latency_s": (0.0, 1e-2),
-    "memory_reserve_bytes": (0.0, 64e9), "memory_fragmentation": (0.0, 0.5),
+    "memory_reserve_bytes": (0.0, 64e9), "memory_fragmentation": (0.0, 0.5), "gemm_max": (0.05, 1.0),
 }
+OPTIONAL = {"gemm_max"}      # fields a table may leave out (None: no cap)
 
 
 class ChipMatrixError(HalError, ValueError):
@@ -62,10 +65,14 @@ class ChipMatrix:
     # measured GEMMs (cube root of m n k, fraction of peak), ascending: replace the curve when present
     measured_gemm: tuple[tuple[float, float], ...] = ()
     origin: str = "catalog"
+    # the benchmark's measured maximum: no GEMM of the curve exceeds it (None: the curve's asymptote)
+    gemm_max: Optional[float] = None
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in FIELDS.items():
             v = getattr(self, name)
+            if v is None and name in OPTIONAL:
+                continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and lo <= v <= hi):
                 raise ChipMatrixError(f"efficiency matrix {self.chip} {self.model}: {name} = {v!r} is outside "
                                       f"[{lo:g}, {hi:g}]")
@@ -77,7 +84,9 @@ class ChipMatrix:
     @property
     def best_fraction(self) -> float:
         """The highest fraction of peak any op reaches: the asymptote of the curve, or the best measured GEMM."""
-        return max(f for _, f in self.measured_gemm) if self.measured_gemm else self.gemm_peak
+        if self.measured_gemm:
+            return max(f for _, f in self.measured_gemm)
+        return min(self.gemm_peak, self.gemm_max) if self.gemm_max is not None else self.gemm_peak
 
     def gemm_fraction(self, m: float, n: float, k: float) -> float:
         """Achieved / peak FLOP/s of an (m, n, k) GEMM (2 m n k FLOPs): the curve, or the measured points
@@ -94,7 +103,7 @@ class ChipMatrix:
                     return f0 + (f1 - f0) * (g - x0) / (x1 - x0) if x1 > x0 else f1
             return pts[-1][1]
         h = self.gemm_half_dim
-        return self.gemm_peak * (m / (m + h)) * (n / (n + h)) * (k / (k + h))
+        return min(self.best_fraction, self.gemm_peak * (m / (m + h)) * (n / (n + h)) * (k / (k + h)))
 
     def usable_memory(self, capacity: float) -> float:
         """Bytes a plan may use of `capacity`: less the fragmentation share and the runtime reserve."""
@@ -128,7 +137,7 @@ def matrix_from_table(chip: str, model: str, raw: Mapping[str, Any], sources: Ma
                       where: str) -> ChipMatrix:
     """A `ChipMatrix` from a catalog table: every field `{ value, src, where, note }` with `src` a key of
     the file's [sources] (the source text is kept per field). ChipMatrixError names what is wrong."""
-    missing = sorted(set(FIELDS) - set(raw))
+    missing = sorted(set(FIELDS) - set(raw) - OPTIONAL)
     extra = sorted(set(raw) - set(FIELDS))
     if missing or extra:
         raise ChipMatrixError(f"{where}: missing field(s) {missing}, unknown field(s) {extra}; "
@@ -136,6 +145,8 @@ def matrix_from_table(chip: str, model: str, raw: Mapping[str, Any], sources: Ma
     vals: dict[str, float] = {}
     srcs: dict[str, str] = {}
     for name in FIELDS:
+        if name not in raw:
+            continue
         item = raw[name]
         if not isinstance(item, Mapping) or "value" not in item or item.get("src") not in sources:
             raise ChipMatrixError(f"{where}.{name}: expected {{ value, src, where, note }} with src one of "
@@ -145,7 +156,8 @@ def matrix_from_table(chip: str, model: str, raw: Mapping[str, Any], sources: Ma
             (f" ({item['note']})" if item.get("note") else "")
     return ChipMatrix(chip, model, vals["gemm_peak"], vals["gemm_half_dim"], vals["attention"], vals["memory"],
                       vals["intra_link"], vals["nic_link"], vals["intra_latency_s"], vals["nic_latency_s"],
-                      vals["memory_reserve_bytes"], vals["memory_fragmentation"], sources=srcs)
+                      vals["memory_reserve_bytes"], vals["memory_fragmentation"], sources=srcs,
+                      gemm_max=vals.get("gemm_max"))
 
 
 def gemm_shapes(tokens: float, hidden: int, ffn: int, q_dim: int, kv_dim: int, tp: int) -> Sequence[tuple]:
