@@ -232,3 +232,43 @@ def test_experts_are_not_sharded_by_zero_or_tp():
     b, _ = _moe_cost(2, 4, zero=3, dp=32)
     dense = a.params_local - a.expert_params_local
     assert a.memory - b.memory == pytest.approx(dense * (16 / 16 - 16 / 32), rel=1e-9)
+
+
+def test_distributed_optimizer_shards_expert_state_over_the_expert_dp_group():
+    # ModelFacts(shard_expert_state=True), Megatron-Core's distributed optimizer: at ZeRO >= 1 an expert
+    # parameter costs the ZeRO level's bytes over its dp / e expert-DP copies; at ZeRO 0 (and without the
+    # flag: apply_plan) 16 B. EP groups of 4 replicas inside DP 16: 4 copies of every expert
+    from hal.strategies.planner.cost import replica_cost
+    facts, _ = _facts(_topo(("h", "cuda", "H100", 2, 8)))
+    f = facts[0]
+
+    def cost(shard: bool, zero: int):
+        return replica_cost(ModelFacts(MOE, shard_expert_state=shard), f, 1, MOE.layers, False, False, 2, False,
+                            zero, 16, 1, ep=(4, f.intra_bw), experts_local=2, group_mb=8)
+    e = MOE.layers * 2 * ModelFacts(MOE).expert_params
+    for zero, per_param in ((1, 4 + 12 / 4), (2, 2 + 14 / 4), (3, 16 / 4)):
+        whole, sharded = cost(False, zero), cost(True, zero)
+        assert whole.expert_params_local == sharded.expert_params_local == e
+        assert whole.memory - sharded.memory == pytest.approx(e * (16 - per_param), rel=1e-9), zero
+        assert sharded.optimizer < whole.optimizer
+    assert cost(True, 0).memory == cost(False, 0).memory
+
+
+def test_moe_activations_count_the_routed_copies_whole_on_every_tp_rank():
+    # the MoE layer keeps its own term (ModelConfig.moe_activation_bytes), not the dense MLP's, and TP
+    # leaves it whole: what TP saves is the same for two MoE configs that differ only in the MoE layer
+    wide = MOE.model_copy(update={"top_k": 4, "ffn": 2816})
+    for cfg in (MOE, wide):
+        assert cfg.mlp_activation_bytes() == 0.0
+    saved = [cfg.activation_bytes(1, 1, attention="fused") - cfg.activation_bytes(1, 2, attention="fused")
+             for cfg in (MOE, wide)]
+    assert saved[0] == pytest.approx(saved[1], rel=1e-12)
+    # each routed copy adds its expert's rows and SwiGLU: doubling top_k adds top_k more copies, and the
+    # fused weighted activation (Megatron-Core) keeps neither the output row nor the 2f eager SwiGLU extra
+    two, four = MOE.moe_activation_bytes(), MOE.model_copy(update={"top_k": 4}).moe_activation_bytes()
+    per_copy = (four - two) / 2
+    assert per_copy == pytest.approx(4 * MOE.hidden + 8 * MOE.ffn)
+    assert MOE.moe_activation_bytes(True) == pytest.approx(two - MOE.top_k * (2 * MOE.hidden + 2 * MOE.ffn))
+    # per token it exceeds the dense MLP's term of the same width once k >= 1: every copy carries a SwiGLU
+    dense = MOE.model_copy(update={"experts": 0})
+    assert MOE.moe_activation_bytes() > dense.mlp_activation_bytes()
