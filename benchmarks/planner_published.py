@@ -144,10 +144,10 @@ def _mixtral() -> Row:
                        "2-byte gradients in the ZeRO-1 state (MCore v0.9 with --bf16 accumulates in fp32: 2 B/param "
                        "more; it fits either way)",
                moved="moved by the MoE layer's own activation term (the experts' SwiGLU, k x 6f bytes per token, "
-                     "through memory: +26.9% -> +20.0%) and the distributed optimizer's expert sharding (memory "
-                     "only); unpriced for want of a source figure: the router's imbalance on real tokens (dropless, "
-                     "aux loss), a grouped/expert GEMM below the MAMF curve (it gives 0.815 of peak for "
-                     "(8192, 14336, 4096), above MAMF's best measured 0.801)",
+                     "through memory: +25.6% -> +20.0%), the GEMM cap at MAMF's maximum (expert GEMMs 0.815 -> "
+                     "0.801 of peak) and the distributed optimizer's expert sharding (memory only); unpriced for "
+                     "want of a source figure: the router's imbalance on real tokens (dropless, aux loss), the "
+                     "alltoall dispatcher's per-layer host sync",
                readings=(("VP column read as MCore v0.9's only VP flag, --num-layers-per-virtual-pipeline-stage "
                           "(the README's own 8x7B example sets 8 with PP 4: 1 virtual stage per rank, "
                           "arguments.py l. 269-285 at core_r0.9.0)", {"virtual": 1}),))
@@ -190,8 +190,8 @@ def rows() -> list[Row]:
                            "sliding-window layers and attention sinks not modelled (full causal attention)",
                    moved="moved by the recipe's distributed optimizer (ZeRO 1, expert state sharded over the "
                          "expert-DP pair: the layout fits, 54-61 GB of 74; it was over memory at ZeRO 0), the MoE "
-                         "activation term (+71.1% -> +68.2%), Megatron-Core's synchronous p2p (batch_p2p_sync, "
-                         "the non-interleaved default: -> +67.2%); still over: no mechanism found with a source "
+                         "activation term (+70.1% -> +67.2% at this commit), Megatron-Core's synchronous p2p (batch_p2p_sync, "
+                         "the non-interleaved default: -1 point); still over: no mechanism found with a source "
                          "figure for the rest. Unpriced: the sliding-window (128) half of the layers and causal "
                          "masking (pricing them would RAISE the prediction: the attention core is ~15% of the "
                          "last stage's modelled time), the recompute of layernorm + moe_act (~1%), grouped-GEMM "
