@@ -1,7 +1,8 @@
 """The pytest side of the test bed: a module-scoped bed, a job runner that parses the ranks' results,
 and the leftover check every bed test module ends with.
 
-    bed = make_bed_fixture(BedSpec.of([2, 2], rate="400 Mb/s", chips=[...]))   # in a test module
+    bed = make_bed_fixture(lambda: BedSpec.of([2, 2], rate="400 Mb/s", chips=[...]))   # in a test module
+    pair = make_bed_fixture(lambda: BedSpec.of([2, 2]), name="pair")          # a second bed
 
 The fixture skips the module with the reason when this machine cannot build a bed (not root, no
 network namespaces, a missing tool); it sweeps beds left by dead test processes first; its finalizer
@@ -28,8 +29,9 @@ def _root_links() -> set[str]:
     return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line}
 
 
-def make_bed_fixture(spec_factory: Callable[[], BedSpec]):
-    @pytest.fixture(scope="module")
+def make_bed_fixture(spec_factory: Callable[[], BedSpec], name: str = "bed"):
+    """A module-scoped fixture `name` (several beds in one module take several names)."""
+    @pytest.fixture(scope="module", name=name)
     def bed(tmp_path_factory):
         try:
             check_available()
@@ -39,7 +41,7 @@ def make_bed_fixture(spec_factory: Callable[[], BedSpec]):
         shm_before = set(os.listdir("/dev/shm"))
         links_before = _root_links()
         b = Testbed(spec_factory())
-        b.phase_dir = str(tmp_path_factory.mktemp("phases"))
+        b.phase_dir = str(tmp_path_factory.mktemp(f"phases-{name}"))
         try:
             b.up()
         except TestbedUnavailable as exc:

@@ -3,25 +3,27 @@ emulated, timed emulation from the config, each run matched bit for bit against 
 same config and plan: every step's loss and grad norm, the final validation loss, and every tensor of the
 final checkpoint (parameters and optimizer state).
 
-One bed of three hosts (BedSpec.of_sub_clusters: host 0 one cuda NIC, host 1 two cuda, host 2 two ascend)
-and three launches, each carrying several of issue 24's cases:
+Two beds, so that two runs go at once on hosts they do not share: `pair` (host 0 two cuda NICs, host 1
+two ascend: 2 hosts x 2 ranks) and `span` (BedSpec.of_sub_clusters: hosts 0 and 1 one cuda NIC each,
+host 2 two ascend; the cluster spec SPAN_SPEC puts the cuda sub-cluster on two hosts). Both models run
+on both layouts, each launch mode twice; three tests:
 
-- 2 hosts x 2 ranks (cuda host 1 + ascend host 2), the tiny GPT, one `hal train --nnodes 2 --node-rank h
-  --rdzv-endpoint ... --max-restarts 1` per host. Rank 2 (host 2) freezes in step 3 (the test-only
-  `[debug]` fault) after the step-2 checkpoint; host 2's `hal train` is SIGKILLed then and nothing of its
-  job is left on the host within 10 s (as after a host crash); the same command started again on host 2
-  passes the pre-launch agreement (node 0 still serves it), joins the job host 1's torchrun restarted into
-  (hal.trainer.elastic.init_process_group's job number), resumes from the shared step-2 checkpoint and
-  ends bit-identical to the uninterrupted reference.
-- 3 hosts, the tiny MoE with expert parallel, a cluster spec with cuda spanning hosts 0 and 1 (one rank
-  each) and ascend on host 2 (two ranks), one `hal train` per host under emulated Slurm variables
-  (SLURM_NODEID, SLURM_NNODES, MASTER_ADDR/PORT; no node flags), bit-identical to the single-host run of
-  the same spec.
-- `hal testbed run` of `hal train` whose checkpoint folder host 1 cannot see (a tmpfs over it in host 1's
-  own mount namespace): the one line printed is the failing rank's own (SharedFolderError naming node 1),
-  not torchrun's "exitcode".
-The two single-host references run (at once) while the bed comes up. Needs root and network namespaces
-(skips with the reason otherwise).
+- the tiny GPT on `pair`, one `hal train --nnodes 2 --node-rank n --rdzv-endpoint ... --max-restarts 1`
+  per host, WITH a host crash: rank 2 (host 1) freezes in step 3 (the test-only `[debug]` fault) after
+  the step-2 checkpoint; host 1's cables are pulled, the host is killed (`Testbed.kill_host`: SIGKILL to
+  its pid-namespace init, every process of it at once: `hal train`, torchrun, both ranks, all listed
+  before and all gone after), booted again (`boot_host`: a fresh pid namespace and /dev/shm) and its
+  cables put back; the same command started again on it passes the pre-launch agreement (node 0 still
+  serves it), joins the job node 0's torchrun restarted into (hal.trainer.elastic.init_process_group),
+  resumes from the shared step-2 checkpoint and ends bit-identical to the uninterrupted reference;
+  AT ONCE the tiny MoE with expert parallel on `span`, one `hal train` per host under emulated Slurm
+  variables (SLURM_NODEID, SLURM_NNODES, MASTER_ADDR/PORT; no node flags).
+- the tiny MoE on `pair` under Slurm variables AND AT ONCE the tiny GPT on `span` by node flags.
+- `hal testbed run` of `hal train` on `span` whose checkpoint folder host 1 cannot see (a tmpfs over it
+  in host 1's own mount namespace): the one line printed is the failing rank's own (SharedFolderError
+  naming node 1), not torchrun's "exitcode".
+The four single-host references run (all at once) while the beds come up. Needs root and network
+namespaces (skips with the reason otherwise).
 """
 from __future__ import annotations
 
@@ -33,10 +35,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
-from hal.testbed import BedSpec
+from hal.testbed import BedSpec, TestbedSetupError
 from hal.testbed.launch import host_processes, launch
 
 from ._testbed_fixture import make_bed_fixture
@@ -44,16 +47,20 @@ from ._testbed_fixture import make_bed_fixture
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 WALL = 900.0
-GPT_HOSTS = (1, 2)  # the 2 x 2 run: host 1 (2 cuda) is node 0, host 2 (2 ascend) node 1
 SPAN_SPEC = "".join(f'[[sub_clusters]]\nname = "{c}"\nchip = "{c}"\nnodes = {n}\nranks_per_node = {r}\nemulate = true\n'
                     for c, n, r in (("cuda", 2, 1), ("ascend", 1, 2)))
+CRASHED = 1  # the `pair` host that crashes: node 1, both ascend ranks
+PORT = 29700 + os.getpid() % 200  # each bed is its own set of network namespaces: both beds may use it
 
-bed = make_bed_fixture(lambda: BedSpec.of_sub_clusters([("cuda", [1, 2]), ("ascend", [2])], rate="400 Mb/s"))
+pair = make_bed_fixture(lambda: BedSpec.of_sub_clusters([("cuda", [2]), ("ascend", [2])], rate="400 Mb/s"),
+                        name="pair")
+span = make_bed_fixture(lambda: BedSpec.of_sub_clusters([("cuda", [1, 1]), ("ascend", [2])], rate="400 Mb/s"),
+                        name="span")
 
 
 def _config(tmp: Path, name: str, model: str, cluster: str, steps: int, extra: str = "") -> Path:
     """A tiny run: timed emulation at a small time scale (charged time well below the compute), float32
-    ops charged at the chips' bfloat16 rate (the 910B2 has no float32 figure)."""
+    ops charged at the chips' bfloat16 rate (the 910B2 has no float32 figure); no PNG plots (scripted)."""
     cfg = tmp / f"{name}.toml"
     cfg.write_text(f"""seed = 5
 steps = {steps}
@@ -78,19 +85,26 @@ dir = "{tmp / name}"
 val_interval = 0
 val_batches = 1
 print_interval = 1
+plots = false
 {extra}""")
     return cfg
 
 
-def _gpt(tmp: Path, name: str, freeze: bool = False) -> Path:
-    fault = '[[debug.faults]]\naction = "freeze"\nrank = 2\nstep = 3\nseconds = 100.0\n' if freeze else ""
-    return _config(tmp, name, "tiny", 'emulate = "cuda:2,ascend:2"', 3, fault)
-
-
-def _moe(tmp: Path, name: str) -> Path:
-    spec = tmp / "span.toml"
-    spec.write_text('name = "bed-span"\n' + SPAN_SPEC)
-    return _config(tmp, name, "tiny-moe", f'spec = "{spec}"', 2, '[plan]\nsource = "even"\nep = true\n')
+def _run_config(tmp: Path, name: str, freeze: bool = False) -> tuple[Path, int]:
+    """The config of run `name` = "<gpt|moe>-<pair|span>" and its step count. The GPT on `pair` runs 3
+    steps (the crash comes in step 3, after the step-2 checkpoint); the others 2."""
+    model, layout = name.split("-")
+    if layout == "span":
+        spec = tmp / "span.toml"
+        spec.write_text('name = "bed-span"\n' + SPAN_SPEC)
+        cluster = f'spec = "{spec}"'
+    else:
+        cluster = 'emulate = "cuda:2,ascend:2"'
+    steps = 3 if name == "gpt-pair" else 2
+    extra = '[plan]\nsource = "even"\nep = true\n' if model == "moe" else ""
+    if freeze:
+        extra += '[[debug.faults]]\naction = "freeze"\nrank = 2\nstep = 3\nseconds = 100.0\n'
+    return _config(tmp, name, "tiny" if model == "gpt" else "tiny-moe", cluster, steps, extra), steps
 
 
 def _env(extra: dict | None = None) -> dict:
@@ -102,18 +116,40 @@ def _train(cfg: Path, *flags: str) -> list[str]:
     return [sys.executable, "-m", "hal.cli", "train", "--config", str(cfg), "--node-timeout", "120", *flags]
 
 
+def _by_flags(bed, cfg: Path) -> Callable[[int], tuple[list[str], dict]]:
+    """Node n's command and environment: torchrun's node flags, node 0 = host 0."""
+    end = f"{bed.spec.address(0, 0)}:{PORT}"
+    return lambda n: (_train(cfg, "--nnodes", str(bed.spec.hosts), "--node-rank", str(n), "--max-restarts", "1",
+                             "--rdzv-endpoint", end), _env())
+
+
+def _by_slurm(bed, cfg: Path) -> Callable[[int], tuple[list[str], dict]]:
+    """Node n's command and environment under emulated `srun` variables (no node flags)."""
+    slurm = {"SLURM_JOB_ID": "42", "SLURM_NNODES": str(bed.spec.hosts), "SLURM_NTASKS": str(bed.spec.hosts),
+             "MASTER_ADDR": bed.master_addr, "MASTER_PORT": str(PORT), "SLURM_JOB_NODELIST": f"h[0-{bed.spec.hosts - 1}]"}
+    return lambda n: (_train(cfg), _env({**slurm, "SLURM_NODEID": str(n), "SLURM_PROCID": str(n)}))
+
+
 class _Started:
     """Processes started now and waited for later, each writing to its own log file."""
 
-    def __init__(self) -> None:
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
         self.procs: dict = {}
 
-    def start(self, key, popen, argv: list[str], env: dict, log: Path) -> subprocess.Popen:
+    def start(self, key, popen, argv: list[str], env: dict) -> subprocess.Popen:
+        log = self.logs / f"{'-'.join(map(str, key)) if isinstance(key, tuple) else key}.log"
         f = open(log, "w")
         p = popen(argv, cwd=str(ROOT), env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         f.close()
         self.procs[key] = (p, log)
         return p
+
+    def start_nodes(self, name: str, bed, node: Callable[[int], tuple[list[str], dict]]) -> None:
+        """One `hal train` per host of `bed` (node n on host n), keys (name, n)."""
+        for n in range(bed.spec.hosts):
+            argv, env = node(n)
+            self.start((name, n), lambda a, h=n, **kw: bed.popen(h, a, **kw), argv, env)
 
     def wait(self, key, wall: float = WALL) -> tuple[int, str]:
         p, log = self.procs[key]
@@ -135,14 +171,24 @@ class _Started:
                 p.wait(timeout=10)
 
 
+def _kill_beds(*beds) -> None:
+    for b in beds:
+        for h in range(b.spec.hosts):
+            for pid in host_processes(b, h):
+                os.kill(pid, signal.SIGKILL)
+
+
+REFS = ("gpt-pair", "moe-span", "moe-pair", "gpt-span")
+
+
 @pytest.fixture(scope="module")
 def refs(tmp_path_factory):
-    """The single-host references (4 local ranks each), both started at once, before the bed comes up."""
+    """The single-host references (4 local ranks each), all started at once, before the beds come up."""
     tmp = tmp_path_factory.mktemp("single")
-    started = _Started()
+    started = _Started(tmp)
     env = {k: v for k, v in _env().items() if k != "GLOO_SOCKET_IFNAME"}
-    for name, cfg in (("gpt", _gpt(tmp, "gpt")), ("moe", _moe(tmp, "moe"))):
-        started.start(name, subprocess.Popen, _train(cfg), env, tmp / f"{name}.log")
+    for name in REFS:
+        started.start(name, subprocess.Popen, _train(_run_config(tmp, name)[0]), env)
 
     def get(name: str) -> Path:
         code, out = started.wait(name)
@@ -173,28 +219,28 @@ def _final_state(run: Path, step: int) -> dict:
 
 
 def _check_same(run: Path, ref: Path, results: list[tuple[int, str]], steps: int) -> dict:
-    assert all(code == 0 for code, _ in results), "\n".join(f"--- node {n} rc={c}\n{t[-3000:]}"
+    assert all(code == 0 for code, _ in results), "\n".join(f"--- {run.name} node {n} rc={c}\n{t[-3000:]}"
                                                           for n, (c, t) in enumerate(results))
     summary, want = (json.loads((r / "summary.json").read_text()) for r in (run, ref))
-    assert summary["timed_emulation"], "cluster.timed = true did not reach the ranks"
-    assert _steps(run) == _steps(ref) and len(_steps(ref)) == steps
-    assert summary["final_val_loss"] == want["final_val_loss"]
+    assert summary["timed_emulation"], f"{run.name}: cluster.timed = true did not reach the ranks"
+    assert _steps(run) == _steps(ref) and len(_steps(ref)) == steps, (run.name, _steps(run), _steps(ref))
+    assert summary["final_val_loss"] == want["final_val_loss"], run.name
     mine, theirs = _final_state(run, steps), _final_state(ref, steps)
-    assert sorted(mine) == sorted(theirs) and any(k.startswith("model.") for k in mine)
-    assert [k for k in mine if mine[k] != theirs[k]] == [], "final checkpoint entries differ"
+    assert sorted(mine) == sorted(theirs) and any(k.startswith("model.") for k in mine), run.name
+    assert [k for k in mine if mine[k] != theirs[k]] == [], f"{run.name}: final checkpoint entries differ"
     for n, (_, text) in enumerate(results):
         assert f"node {n} of {len(results)}" in text, text[-2000:]
     return summary
 
 
-# ---- the launches -----------------------------------------------------------------------------------
-def _hal_pid(bed, host: int, cfg: Path) -> int:
-    pids = [pid for pid in host_processes(bed, host)
-            if f"hal.cli\0train\0--config\0{cfg}\0".encode() in _cmdline(pid)]
-    assert len(pids) == 1, pids
-    return pids[0]
+def _check_moe(run: Path, ref: Path, results: list[tuple[int, str]], layout: str) -> None:
+    summary = _check_same(run, ref, results, 2)
+    assert [(c["chip"], c["emulated"]) for c in summary["chips"]] == [("cuda", True)] * 2 + [("ascend", True)] * 2
+    assert summary["plan"]["stages"][0]["experts"], f"{layout}: expert parallel: each rank holds its own experts"
+    assert all("Slurm" in text for _, text in results), f"{layout}: not launched from the Slurm variables"
 
 
+# ---- the host crash ---------------------------------------------------------------------------------
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -213,83 +259,105 @@ def _live(pids: list[int]) -> list[int]:
     return out
 
 
-def _wait_file(path: Path, started: _Started, wall: float) -> None:
+def _wait_file(path: Path, started: _Started, keys: list, wall: float) -> None:
     end = time.monotonic() + wall
     while not path.exists():
-        assert all(p.poll() is None for p, _ in started.procs.values()), \
+        assert all(started.procs[k][0].poll() is None for k in keys), \
             f"a node ended before {path} appeared:\n{started.tails()}"
         assert time.monotonic() < end, f"{path} did not appear within {wall:g} s:\n{started.tails()}"
         time.sleep(0.1)
 
 
-def _kill_hal_and_wait_empty(bed, host: int, cfg: Path) -> None:
-    """SIGKILL the host's `hal train`: its torchrun and ranks must end within 10 s (the watchdog)."""
-    os.kill(_hal_pid(bed, host, cfg), signal.SIGKILL)
-    end = time.monotonic() + 10
-    while _live(host_processes(bed, host)) and time.monotonic() < end:
-        time.sleep(0.1)
-    left = {pid: _cmdline(pid).replace(b"\0", b" ")[:160] for pid in _live(host_processes(bed, host))}
-    assert not left, f"host {host} still runs, 10 s after SIGKILL of its hal: {left}"
+def _kind(cmd: bytes, cfg: Path) -> str:
+    """What a process of the job is: its `hal train`, torchrun, or a rank (torchrun's child)."""
+    if f"hal.cli\0train\0--config\0{cfg}\0".encode() in cmd:
+        return "hal"
+    if b"torch.distributed.run\0" in cmd:
+        return "torchrun"
+    return "rank" if b"hal.launch.rank_entry\0" in cmd else f"other: {cmd[:120]!r}"
 
 
-def test_two_hosts_per_host_commands_a_killed_host_resumes_bit_identical(refs, bed, tmp_path):
-    cfg = _gpt(tmp_path, "gpt", freeze=True)
-    port = 29700 + os.getpid() % 200
-    argv = lambda n: _train(cfg, "--nnodes", "2", "--node-rank", str(n), "--max-restarts", "1",  # noqa: E731
-                            "--rdzv-endpoint", f"{bed.spec.address(GPT_HOSTS[0], 0)}:{port}")
-    started = _Started()
+def _crash_host(bed, host: int, cfg: Path) -> None:
+    """The host crashes with its cables pulled (peers hear no FIN/RST from it) and boots again: every
+    process of it, `hal train` of `cfg` with its torchrun and ranks among them, gone at once."""
+    job = {pid: _cmdline(pid) for pid in host_processes(bed, host)}
+    kinds = [_kind(cmd, cfg) for cmd in job.values()]
+    assert sorted(kinds) == sorted(["hal", "torchrun"] + ["rank"] * bed.spec.ranks[host]), \
+        {p: c.replace(b"\0", b" ")[:160] for p, c in job.items()}
+    nics = range(bed.spec.ranks[host])
+    for i in nics:
+        bed.link_down(host, i)
     try:
-        for n, h in enumerate(GPT_HOSTS):
-            started.start(n, lambda a, h=h, **kw: bed.popen(h, a, **kw), argv(n), _env(), tmp_path / f"node{n}.log")
-        # rank 2 freezes in step 3: the step-2 checkpoint is complete, the run cannot end before the kill
-        _wait_file(tmp_path / "gpt" / "checkpoints" / "step_00000002" / ".complete", started, WALL)
-        _kill_hal_and_wait_empty(bed, GPT_HOSTS[1], cfg)
-        started.start("again", lambda a, **kw: bed.popen(GPT_HOSTS[1], a, **kw), argv(1), _env(),
-                      tmp_path / "node1-again.log")
-        results = [started.wait(0), started.wait("again")]
+        killed = bed.kill_host(host)
+        bed.boot_host(host)
+    finally:
+        for i in nics:
+            bed.link_up(host, i)
+    assert set(job) <= set(killed) and not _live(list(job)), f"host {host}: job pids alive after the crash"
+    assert host_processes(bed, host) == [], f"host {host} runs something right after its boot"
+    with pytest.raises(TestbedSetupError, match=f"host {host} of bed {bed.name} still runs"):
+        bed.boot_host(host)
+
+
+def _cmd_host(bed, host: int):
+    return lambda a, **kw: bed.popen(host, a, **kw)
+
+
+def test_gpt_two_hosts_host_crash_resumes_and_moe_three_hosts_slurm(refs, pair, span, tmp_path):
+    gpt, _ = _run_config(tmp_path, "gpt-pair", freeze=True)
+    moe, _ = _run_config(tmp_path, "moe-span")
+    gpt_node = _by_flags(pair, gpt)
+    started = _Started(tmp_path)
+    try:
+        started.start_nodes("gpt", pair, gpt_node)
+        started.start_nodes("moe", span, _by_slurm(span, moe))
+        # rank 2 freezes in step 3: the step-2 checkpoint is complete, the run cannot end before the crash
+        _wait_file(tmp_path / "gpt-pair" / "checkpoints" / "step_00000002" / ".complete", started,
+                   [("gpt", 0), ("gpt", 1)], WALL)
+        _crash_host(pair, CRASHED, gpt)
+        started.start(("gpt", "again"), _cmd_host(pair, CRASHED), *gpt_node(CRASHED))
+        gpt_results = [started.wait(("gpt", 0)), started.wait(("gpt", "again"))]
+        moe_results = [started.wait(("moe", n)) for n in range(3)]
     finally:
         started.kill()
-        for h in GPT_HOSTS:
-            for pid in host_processes(bed, h):
-                os.kill(pid, signal.SIGKILL)
-    summary = _check_same(tmp_path / "gpt", refs("gpt"), results, 3)
+        _kill_beds(pair, span)
+    summary = _check_same(tmp_path / "gpt-pair", refs("gpt-pair"), gpt_results, 3)
     assert summary["resumed"]["step"] == 2 and len(summary["restarts"]) == 1, summary.get("restarts")
+    _check_moe(tmp_path / "moe-span", refs("moe-span"), moe_results, "span")
 
 
-def test_three_hosts_moe_spanning_sub_cluster_under_slurm_bit_identical(refs, bed, tmp_path):
-    cfg = _moe(tmp_path, "moe")
-    slurm = {"SLURM_JOB_ID": "42", "SLURM_NNODES": "3", "SLURM_NTASKS": "3", "MASTER_ADDR": bed.master_addr,
-             "MASTER_PORT": str(29500 + os.getpid() % 200), "SLURM_JOB_NODELIST": "h[0-2]"}
-    started = _Started()
+def test_moe_two_hosts_slurm_and_gpt_three_hosts_by_flags(refs, pair, span, tmp_path):
+    moe, _ = _run_config(tmp_path, "moe-pair")
+    gpt, _ = _run_config(tmp_path, "gpt-span")
+    started = _Started(tmp_path)
     try:
-        for h in range(3):
-            started.start(h, lambda a, h=h, **kw: bed.popen(h, a, **kw), _train(cfg),
-                          _env({**slurm, "SLURM_NODEID": str(h), "SLURM_PROCID": str(h)}), tmp_path / f"node{h}.log")
-        results = [started.wait(h) for h in range(3)]
+        started.start_nodes("moe", pair, _by_slurm(pair, moe))
+        started.start_nodes("gpt", span, _by_flags(span, gpt))
+        moe_results = [started.wait(("moe", n)) for n in range(2)]
+        gpt_results = [started.wait(("gpt", n)) for n in range(3)]
     finally:
         started.kill()
-    _check_same(tmp_path / "moe", refs("moe"), results, 2)
-    assert "Slurm" in results[1][1]
-    summary = json.loads((tmp_path / "moe" / "summary.json").read_text())
-    assert [(c["chip"], c["emulated"]) for c in summary["chips"]] == [("cuda", True)] * 2 + [("ascend", True)] * 2
-    assert summary["plan"]["stages"][0]["experts"], "expert parallel: each rank holds its own experts"
+        _kill_beds(pair, span)
+    _check_moe(tmp_path / "moe-pair", refs("moe-pair"), moe_results, "pair")
+    summary = _check_same(tmp_path / "gpt-span", refs("gpt-span"), gpt_results, 2)
+    assert [c["chip"] for c in summary["chips"]] == ["cuda", "cuda", "ascend", "ascend"]
 
 
-def test_unshared_checkpoint_folder_is_the_failing_ranks_one_line(bed, tmp_path, capsys):
+def test_unshared_checkpoint_folder_is_the_failing_ranks_one_line(span, tmp_path, capsys):
     """`hal testbed run` of `hal train` (every host's ranks) where host 1 sees another folder at the
     checkpoint path: the one line is the rank's SharedFolderError naming node 1, not "exitcode"."""
     from hal.cli.testbed import _report
-    cfg = _config(tmp_path, "unshared", "tiny", 'emulate = "cuda:3,ascend:2"', 2)
+    cfg = _config(tmp_path, "unshared", "tiny", 'emulate = "cuda:2,ascend:2"', 2)
     ck = tmp_path / "unshared" / "checkpoints"
     ck.mkdir(parents=True)
-    r = bed.run(1, ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(ck)])  # host 1's mounts only
+    r = span.run(1, ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(ck)])  # host 1's mounts only
     assert r.returncode == 0, r.stderr
     try:
-        job = launch(bed, ["-m", "hal.cli", "train", "--config", str(cfg)], cwd=str(ROOT),
+        job = launch(span, ["-m", "hal.cli", "train", "--config", str(cfg)], cwd=str(ROOT),
                      env={"HAL_TRAIN_PLAIN": "1", "HAL_SHARED_DIR_WAIT_S": "2"})
         code = _report(job.wait(WALL, stop_after_failure=10.0), WALL)
     finally:
-        bed.run(1, ["umount", "-l", str(ck)])
+        span.run(1, ["umount", "-l", str(ck)])
     err = capsys.readouterr().err
     first = [ln for ln in err.splitlines() if "first failing rank" in ln]
     assert code != 0 and len(first) == 1 and "exitcode" not in first[0], err

@@ -4,7 +4,7 @@ Linux bridge as the switch, tc shaping per NIC.
     with Testbed(BedSpec.of([2, 2], rate="200 Mb/s")) as bed:
         bed.run(0, ["hostname"])                     # runs inside host 0
         p = bed.popen(1, [sys.executable, "-c", ...], env=...)
-        bed.link_down(1, 0); bed.kill_host(1)
+        bed.link_down(1, 0); bed.kill_host(1); bed.boot_host(1)
 
 Layout (names are per bed: `hal-<id>-h<h>`, `hal-<id>-sw`):
 
@@ -19,7 +19,8 @@ Layout (names are per bed: `hal-<id>-h<h>`, `hal-<id>-sw`):
   namespace: the boot id is the kernel's and stays the same (one kernel), the other two differ, so
   `HAL_CPU_CCL=auto` picks shm only among ranks of one host. Processes enter a host with
   `nsenter -t <host init> -n -m -p -u` (`host_argv`); the host's init is `sleep` as pid 1 of the
-  host's pid namespace, so killing it kills every process of the host at once (`kill_host`).
+  host's pid namespace, so killing it kills every process of the host at once (`kill_host`, a crash;
+  `boot_host` starts it again in the same network namespace, as a reboot).
 - **NICs and rails**: host h's NIC i (`rail<i>`, address `spec.address(h, i)`) belongs to its local
   rank i. Source-address policy routing (one table per NIC) sends a socket bound to NIC i's address
   (gloo's listening side, `hal.testbed.rank_nic`) out of NIC i; a socket that is not bound (gloo's
@@ -316,15 +317,61 @@ class Testbed:
         self._check_nic(host, nic)
         _sh(["ip", "-n", self.switch_ns, "link", "set", self.port(host, nic), "up"], "link up")
 
-    def kill_host(self, host: int) -> None:
-        """SIGKILL the host's init: the kernel kills every process in its pid namespace."""
+    def processes(self, host: int) -> list[int]:
+        """Pids (as this namespace sees them) of every process in the host's pid namespace but its init
+        ([] when the host is not running)."""
+        init = self.init_pids[host]
+        if not init or not _alive(init):
+            return []
+        try:
+            ns = os.readlink(f"/proc/{init}/ns/pid")
+        except OSError:
+            return []
+        return [pid for pid in _pids() if pid != init and _pid_ns(pid) == ns]
+
+    def kill_host(self, host: int, wait_s: float = 10.0) -> list[int]:
+        """Crash the host: SIGKILL to its init, and the kernel kills every process of its pid namespace at
+        once (no handler, no clean exit). Waits up to `wait_s` until all are gone; returns their pids.
+        What stays is the host's kernel side, which this machine shares: its network namespace, NICs,
+        addresses and routes, and the kernel closes the dead processes' sockets (FIN/RST to the peers,
+        as after a process crash; pull the host's cables first, `link_down`, for the silence of a power
+        loss). `boot_host` starts the host again."""
         pid = self._init(host)
+        members = [pid, *self.processes(host)]
         os.kill(pid, signal.SIGKILL)
-        for _ in range(100):
-            if not _alive(pid):
-                break
+        end = time.monotonic() + wait_s
+        while any(_alive(p) for p in members) and time.monotonic() < end:
             time.sleep(0.05)
+        left = [p for p in members if _alive(p)]
+        if left:
+            raise TestbedSetupError(f"kill_host({host}): pids {left} of host {host} still alive {wait_s:g} s after "
+                                    f"SIGKILL to its init {pid}")
+        init = self._inits[host]
+        if init is not None:   # unshare, parent of the init: it exits with its child
+            try:
+                init.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                raise TestbedSetupError(f"kill_host({host}): unshare pid {init.pid} (parent of host {host}'s init) "
+                                        f"did not exit within {wait_s:g} s") from None
+            self._inits[host] = None
         self.init_pids[host] = None
+        self._write_state()
+        return members
+
+    def boot_host(self, host: int) -> None:
+        """Start a killed host again, as a machine reboots: a fresh init (new pid namespace, empty private
+        /dev/shm, the same hostname) in the host's network namespace, whose NICs, addresses, routes and
+        shaping stayed. Raises TestbedSetupError when the host still runs or the bed is down."""
+        if not 0 <= host < self.spec.hosts:
+            raise TestbedSpecError(f"host={host}: the bed has hosts 0..{self.spec.hosts - 1}")
+        pid = self.init_pids[host]
+        if pid and _alive(pid):
+            raise TestbedSetupError(f"boot_host({host}): host {host} of bed {self.name} still runs (init pid {pid}); "
+                                    f"kill_host first")
+        if not self.is_up:
+            raise TestbedSetupError(f"boot_host({host}): bed {self.name} is not up")
+        self._start_host(host)
+        self._write_state()
 
     def set_shape(self, host: int, nic: int, shape: LinkShape) -> None:
         """Apply `shape` to host `host` NIC `nic`, both directions (replaces what was there)."""
@@ -457,6 +504,17 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"   # a zombie is dead for our purposes
+
+
+def _pids() -> list[int]:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+
+def _pid_ns(pid: int) -> Optional[str]:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
 
 
 def _kill(pid: int) -> None:

@@ -165,22 +165,7 @@ def launch(bed: Testbed, target: Sequence[str], env: Optional[dict] = None, **kw
 
 def host_processes(bed: Testbed, host: int) -> list[int]:
     """Pids (as this namespace sees them) of every process in the host's pid namespace but its init."""
-    init = bed.init_pids[host]
-    if not init or not _alive(init):
-        return []
-    try:
-        ns = os.readlink(f"/proc/{init}/ns/pid")
-    except OSError:
-        return []
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != init:
-            try:
-                if os.readlink(f"/proc/{entry}/ns/pid") == ns:
-                    out.append(int(entry))
-            except OSError:
-                continue
-    return out
+    return bed.processes(host)
 
 
 def _signal(pid: int, sig: int) -> None:
