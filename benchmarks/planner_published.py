@@ -95,12 +95,30 @@ class Row:
     readings: tuple = ()
 
 
+# the dense rows' error (authors' layout vs published) as each mechanism of this change was added, measured in
+# sequence on 2026-11-26 (python -m benchmarks.planner_published --no-search): before; with Megatron-LM's
+# synchronous p2p and scatter/gather gather (ModelFacts.megatron_p2p; not Llama 3, whose p2p is asynchronous);
+# with the GEMM curve capped at MAMF's measured maximum (hal.core.chip_matrix gemm_max). The real MLP term
+# (ModelConfig.mlp_activation_bytes) moves none of the Megatron rows (6f = 16h at f = 8h/3) and Llama 3 by -0.3 / -0.2
+DENSE_MOVES = {"gpt-18b": (-10.0, -10.0, -10.0), "gpt-39b": (2.3, 2.1, 2.1), "gpt-76b": (7.8, 7.6, 7.6),
+               "gpt-146b": (9.4, 9.1, 9.1), "gpt-310b": (11.8, 11.4, 11.4), "gpt-530b": (11.5, 10.8, 10.7),
+               "gpt-1t": (15.9, 15.0, 14.5), "gpt-175b-sel": (3.9, 3.7, 3.7), "gpt-530b-sel": (7.3, 6.8, 6.6),
+               "mcore-70b": (-3.1, -3.2, -3.2), "mcore-177b": (13.0, 12.7, 12.5), "mcore-462b": (14.7, 14.2, 12.9),
+               "llama3-405b-8192": (5.1, 4.8, 3.0), "llama3-405b-16384": (-12.8, -13.0, -14.4)}
+
+
+def _dense_moved(name: str) -> str:
+    a, b, c = DENSE_MOVES[name]
+    first = "the fused SwiGLU's 6f MLP term" if name.startswith("llama") else "synchronous p2p + scatter/gather"
+    return f"moved {a:+.1f}% -> {b:+.1f}% ({first}) -> {c:+.1f}% (GEMMs capped at MAMF's maximum)"
+
+
 def _megatron(name, layers, hidden, heads, tp, pp, gpus, batch, tflops) -> Row:
     cfg = gpt(name, layers, hidden, heads)
     s, v = cfg.seq, cfg.vocab
     per_token = 96 * layers * hidden ** 2 * (1 + s / (6 * hidden) + v / (16 * layers * hidden))
     return Row(name, cfg, "A100", gpus, tp, pp, batch, 1, "full", tflops * 1e12 * gpus / per_token,
-               f"{tflops:.0f} TFLOP/s/GPU", NARAYANAN, fused_attention=False, megatron_p2p=True,
+               f"{tflops:.0f} TFLOP/s/GPU", NARAYANAN, fused_attention=False, megatron_p2p=True, moved=_dense_moved(name),
                assumed="micro-batch 1 and plain 1F1B (Table 1 gives neither; the paper's interleaving would only "
                        "raise the prediction); fp32 gradient all-reduce after backward")
 
@@ -117,6 +135,18 @@ GPT_OSS = dict(name="gpt-oss-120b", layers=36, hidden=2880, heads=64, kv_heads=8
                vocab=201088, seq=4096, experts=128, top_k=4)
 
 
+# Llama 3 section 3.3.2: "we reduce one Transformer layer each from the first and the last stages ... the first
+# model chunk on the first stage has only the embedding": one layer per model chunk, so v = 8 (128 slots / 16 ranks)
+LLAMA_READINGS = (("v = 4", {"virtual": 4}),
+                  ("v = 8 and 7 layers on the first and last stage (section 3.3.2)",
+                   {"virtual": 8, "layer_split": (7,) + (8,) * 14 + (7,)}),
+                  ("eager SwiGLU (8f)", {"fused_swiglu": False}))
+LLAMA_MEMORY = ("; still over this model's usable memory (74 of 80 GB) on every reading: rank 0 keeps 7 layers x 16 "
+                "micro-batches x (1 + 1/v) at 0.57 GB each (10h + 4q + 4c + 6f bytes/token / 8, seq 8192); the "
+                "paper's embedding-only first chunk (rank 0 holds its 2p - 1 warm-up micro-batches on no layer) is "
+                "not representable in layout.in_flight's (1 + 1/v)")
+
+
 def _mcore_h100(name, layers, hidden, heads, tp, pp, gpus, batch, tflops) -> Row:
     """A row of Megatron-Core r0.8.0's H100 table (MCORE_H100), converted with Megatron's model-FLOP count
     (num_floating_point_operations: 72 l h^2 (1 + s/6h + V/12lh) per token for a GPT with a 4h MLP)."""
@@ -125,6 +155,7 @@ def _mcore_h100(name, layers, hidden, heads, tp, pp, gpus, batch, tflops) -> Row
     per_token = 72 * layers * hidden ** 2 * (1 + s / (6 * hidden) + v / (12 * layers * hidden))
     return Row(name, cfg, "H100", gpus, tp, pp, batch, 1, "none", tflops * 1e12 * gpus / per_token,
                f"{tflops} TFLOP/s/GPU", MCORE_H100, zero=1, sp=True, tp_overlap=True, megatron_p2p=True,
+               moved=_dense_moved(name),
                assumed="micro-batch 1, plain 1F1B, no recompute (the table states none of them); the "
                        "distributed optimizer (ZeRO 1) that --overlap-param-gather implies")
 
@@ -170,6 +201,7 @@ def rows() -> list[Row]:
         per_token = 72 * layers * hidden ** 2 * (1 + s / (6 * hidden) + v / (12 * layers * hidden))
         out.append(Row(name, cfg, "A100", gpus, 8, pp, gpus, 1, "selective", mfu * 312e12 * gpus / per_token,
                        f"MFU {mfu:.1%}", KORTHIKANTI, sp=True, fused_attention=False, megatron_p2p=True,
+                       moved=_dense_moved(name),
                        assumed="micro-batch 1, global batch = GPUs, plain 1F1B"))
     out += [_mcore_h100("mcore-70b", 84, 8192, 64, 8, 2, 768, 384, 419.7),
             _mcore_h100("mcore-177b", 96, 12288, 96, 8, 6, 2304, 1152, 432.8),
@@ -178,10 +210,12 @@ def rows() -> list[Row]:
     for gpus, dp, mfu, tf in ((8192, 64, 0.43, 430), (16384, 128, 0.41, 400)):
         out.append(_mfu(dict(name=f"llama3-405b-{gpus}", cfg=llama, chip="H100", gpus=gpus, tp=8, pp=16,
                              batch=2048, mbs=1, recompute="none", published_text=f"{tf} TFLOP/s/GPU, MFU {mfu:.0%}",
-                             source=LLAMA3, virtual=2, zero=2, sp=True,
+                             source=LLAMA3, virtual=2, zero=2, sp=True, moved=_dense_moved(f"llama3-405b-{gpus}")
+                             + LLAMA_MEMORY, readings=LLAMA_READINGS,
                              assumed="2 virtual stages (not published; the paper's Figure 6 draws 2), sequence "
                                      "parallel (without it this layout needs 197-291 GB per GPU here), ZeRO 2 "
-                                     "(FSDP without resharding after forward)"), mfu, 989.5e12))
+                                     "(FSDP without resharding after forward), a fused SwiGLU (6f; the paper names no "
+                                     "kernel); asynchronous p2p (section 3.3.2)"), mfu, 989.5e12))
     out.append(_mixtral())
     oss = _gqa(**GPT_OSS)
     out.append(Row("gpt-oss-120b", oss, "H100", 64, 1, 4, 1280, 1, "none", 5993 * 64, "5993 tokens/s/GPU", BRIDGE,
