@@ -248,3 +248,32 @@ def test_hal_plan_bad_input_is_one_line_exit_2(argv, needle, capsys):
     assert main(["plan"] + argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
+
+
+# ---- published-run mechanisms (issue 25) ----------------------------------------------------------
+def test_gemm_curve_is_capped_at_the_measured_maximum():
+    from hal.core import catalog
+    mx = catalog.matrix("cuda", "H100")        # MAMF: 80.1% at its best shape, the maximum of its sweep
+    assert mx.best_fraction == pytest.approx(0.801) and mx.gemm_max == pytest.approx(0.801)
+    assert mx.gemm_fraction(8192, 53248, 16384) == pytest.approx(0.801)         # the curve alone: 0.839
+    h = mx.gemm_half_dim
+    small = mx.gemm_peak * (256 / (256 + h)) ** 3
+    assert mx.gemm_fraction(256, 256, 256) == pytest.approx(small) and small < 0.801   # below the cap: the curve
+
+
+def test_megatron_p2p_charges_the_senders_stream_and_the_receivers_gather():
+    from hal.strategies.planner.cost import gather_time, p2p_time
+    f = _facts(_topo(("h", "cuda", "H100", 2, 8)))[0][0]
+    plain, sync = ModelFacts(SMALL), ModelFacts(SMALL, megatron_p2p=True)
+    tp, mb = 4, 2
+    nbytes = plain.boundary_bytes() * mb / tp                 # scatter/gather: 1/t of the boundary per TP rank
+    send = p2p_time(nbytes, f, f, same_node=False)
+    gathered = gather_time(nbytes * tp, tp, f.intra_bw, f.link_latency)
+    for first, last, df, db in ((True, False, send, gathered), (False, False, send + gathered, send + gathered),
+                                (False, True, gathered, send)):
+        a = replica_cost(plain, f, tp, 2, first, last, mb, False, 0, 1, 1)
+        b = replica_cost(sync, f, tp, 2, first, last, mb, False, 0, 1, 1)
+        assert b.fwd - a.fwd == pytest.approx(df) and b.bwd - a.bwd == pytest.approx(db)
+    sp = ModelFacts(SMALL, megatron_p2p=True, sequence_parallel=True)   # SP: the shard is sent, nothing gathered
+    a = replica_cost(ModelFacts(SMALL, sequence_parallel=True), f, tp, 2, False, False, mb, False, 0, 1, 1)
+    assert replica_cost(sp, f, tp, 2, False, False, mb, False, 0, 1, 1).fwd - a.fwd == pytest.approx(send)
