@@ -41,9 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the figures as JSON (step_time_s, tokens_per_s, efficiency, even_efficiency, "
                    "search_s, ...)")
     p.add_argument("--max-pp", type=int, default=32, help="deepest pipeline to consider (default 32)")
-    p.add_argument("--schedule", default="1F1B", choices=["1F1B", "GPipe"],
-                   help="pipeline schedule of a written 1-stage-per-rank plan (default 1F1B; an interleaved "
-                        "pick is written as Interleaved1F1B)")
+    p.add_argument("--schedule", default="1F1B", choices=["1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble"],
+                   help="1F1B / GPipe: the schedule of a written 1-stage-per-rank plan (default 1F1B; a "
+                        "multi-stage pick keeps its Interleaved1F1B or ZBVZeroBubble); Interleaved1F1B / "
+                        "ZBVZeroBubble: only layouts on that schedule compete (mixed stages: torch's "
+                        "multi-stage schedules need equal chains)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -139,12 +141,13 @@ def _run(args: argparse.Namespace) -> int:
     print("figures (per device) and their sources:")
     print(facts_table(facts) + "\n")
     try:
+        multi = args.schedule if args.schedule in ("Interleaved1F1B", "ZBVZeroBubble") else None
         result = search(facts, model, batch, node_of=node_of, max_pp=args.max_pp, progress=progress,
-                        topology=topo)
+                        topology=topo, only_schedule=multi)
     except PlanSearchError as exc:
         raise CliError(str(exc)) from None
     best = result.best
-    if best.layout.virtual == 1:     # an interleaved pick keeps its Interleaved1F1B
+    if best.layout.virtual == 1:     # a multi-stage pick keeps its Interleaved1F1B / ZBVZeroBubble
         best.layout.schedule = args.schedule
     plan = to_plan(best.layout, cfg.name, best.layout.schedule)
     plan.check(topo, cfg)          # never hand out a plan the strategies would reject

@@ -7,11 +7,14 @@ virtual clock charges (`facts.emulated_chip_facts`, hal.emulation.timed.chip_spe
 link the host's CPU fabric, whose latency and bandwidth are measured at start by a send/recv ping-pong
 between rank 0 and the last rank over the training backend (alpha + bytes/beta, least squares, as
 benchmarks/planner_prediction.py does). Without that the planner would lay the model out for real H100
-NVLink figures while the run's links are this host's shared memory.
+NVLink figures while the run's links are this host's shared memory. Each sub-cluster is priced at the
+dtype its clock will charge (`charged_dtypes`: the dtype its ranks compute in under [train] precision,
+re-mapped or forced by HAL_EMULATE_TIMED_DTYPE as the clock does), and the plan carries the schedule
+the search picked (1F1B, or Interleaved1F1B / ZBVZeroBubble for a multi-stage layout).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch.distributed as dist
 
@@ -39,6 +42,25 @@ def probe_link(book) -> Optional[tuple[float, float]]:
     return fit_link(list(PROBE_SIZES), box[0])
 
 
+def charged_dtypes(precision: str, topo, env: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """Sub-cluster name -> the dtype timed emulation charges its FLOPs at: the dtype its ranks compute
+    in (hal.strategies.precision.resolve_dtype of [train] precision on the chip's catalog profile: per
+    chip kind under "auto"), unless HAL_EMULATE_TIMED_DTYPE forces one on that chip (`DTYPE`, optionally
+    `CHIP:` scoped) or re-maps it (`FROM=TO`): hal.emulation.timed_cost.charge_plan, as the clock reads it."""
+    from hal import envs
+    from hal.core import catalog
+    from hal.emulation.timed_cost import charge_plan
+    from hal.strategies.precision import resolve_dtype
+    text = envs.HAL_EMULATE_TIMED_DTYPE.text(env)
+    out = {}
+    for sc in topo.sub_clusters:
+        prof = catalog.profile_for(sc.chip, sc.model)
+        forced, mapping = charge_plan(text, sc.chip, str(prof.model))
+        runs = resolve_dtype(precision, prof, sc.ranks[0], sc.chip)
+        out[sc.name] = forced or mapping.get(runs, runs)
+    return out
+
+
 def auto_plan(cfg, topo, model_cfg, link: Optional[tuple[float, float]]):
     """The planner's best layout (cost model + simulator); `link` given = timed emulation's figures."""
     from hal.strategies.planner.convert import to_plan
@@ -49,7 +71,9 @@ def auto_plan(cfg, topo, model_cfg, link: Optional[tuple[float, float]]):
     if timed_on():
         from hal.emulation import timed
         lat, bw = link if link is not None else (0.0, 1e12)
-        facts = emulated_chip_facts(topo, timed.time_scale(), bw, lat, timed.charge_dtype())
+        dtypes = charged_dtypes(cfg.train.precision, topo)
+        by_dtype = {d: emulated_chip_facts(topo, timed.time_scale(), bw, lat, d) for d in set(dtypes.values())}
+        facts = [next(f for f in by_dtype[dtypes[sc.name]] if f.name == sc.name) for sc in topo.sub_clusters]
         from hal.strategies.precision import activation_bytes
         dtype_bytes = activation_bytes(cfg.train.precision)  # bytes are charged as run: fp32 4, bf16/fp16 2
         result = search(facts, ModelFacts(model_cfg, dtype_bytes=dtype_bytes), cfg.global_batch, node_of=node_of,
@@ -57,4 +81,5 @@ def auto_plan(cfg, topo, model_cfg, link: Optional[tuple[float, float]]):
     else:
         facts = cluster_facts(topo, load_matrices(None))     # the spec's per-sub-cluster memory, as hal plan
         result = search(facts, ModelFacts(model_cfg), cfg.global_batch, node_of=node_of, max_pp=cfg.plan.max_pp)
-    return to_plan(result.best.layout, model_cfg.name, "1F1B")
+    # the schedule the search picked: 1F1B for one stage per rank group, else Interleaved1F1B / ZBVZeroBubble
+    return to_plan(result.best.layout, model_cfg.name, result.best.layout.schedule)

@@ -36,20 +36,29 @@ def to_plan(layout: Layout, model_name: str, schedule: Schedule | str = Schedule
     return Plan(model=model_name, num_microbatches=layout.m, schedule=schedule, zero=layout.zero, stages=stages)
 
 
-def _interleaved_plan(layout: Layout, model_name: str) -> Plan:
+def stage_placement(layout: Layout) -> list[tuple[int, tuple[int, int]]]:
+    """A multi-stage layout's plan stages in order: (rank group, layer range [a, b)). Interleaved1F1B:
+    stage c p + s is group s's chunk c; ZBVZeroBubble's V: stages 0..p-1 are the groups' chunk 0,
+    p..2p-1 their chunk 1 in reverse. Each group's layers cut by `sim_chain.chunk_layers`, the ranges
+    contiguous in stage order."""
     v, p = layout.virtual, len(layout.stages)
     zbv = layout.schedule == Schedule.ZBV_ZERO_BUBBLE
     chunks = [chunk_layers(st.n_layers, v) for st in layout.stages]
-    plain = to_plan(Layout(stages=layout.stages, m=layout.m, zero=layout.zero, node_of=layout.node_of),
-                    model_name)
-    stages, start = [], 0
+    out, start = [], 0
     for i in range(p * v):
         c, s = divmod(i, p)
-        if zbv:      # the V: stages 0..p-1 are the groups' chunk 0, p..2p-1 their chunk 1 in reverse
+        if zbv:
             c, s = (0, i) if i < p else (1, 2 * p - 1 - i)
-        n = chunks[s][c]
-        stages.append(plain.stages[s].model_copy(update={"layers": (start, start + n)}))
-        start += n
+        out.append((s, (start, start + chunks[s][c])))
+        start += chunks[s][c]
+    return out
+
+
+def _interleaved_plan(layout: Layout, model_name: str) -> Plan:
+    plain = to_plan(Layout(stages=layout.stages, m=layout.m, zero=layout.zero, node_of=layout.node_of),
+                    model_name)
+    stages = [plain.stages[s].model_copy(update={"layers": rng}) for s, rng in stage_placement(layout)]
+    zbv = layout.schedule == Schedule.ZBV_ZERO_BUBBLE
     return Plan(model=model_name, num_microbatches=layout.m,
                 schedule=Schedule.ZBV_ZERO_BUBBLE if zbv else Schedule.INTERLEAVED_1F1B, zero=layout.zero,
                 stages=stages)

@@ -181,14 +181,17 @@ def _plan_parts(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, node_
 
 
 def search(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, node_of=None, max_pp: int = 32,
-           keep: int = 8, progress: Optional[Callable[[str], None]] = None, topology=None) -> SearchResult:
+           keep: int = 8, progress: Optional[Callable[[str], None]] = None, topology=None,
+           only_schedule: Optional[str] = None) -> SearchResult:
     """Best layout for the whole cluster, the best even layout, and each sub-cluster planned alone on
     the same global batch (a part that cannot hold the model alone is None: the cluster is still
     planned, its parts pipelined together, and reported against the bound).
     With `topology` (hal.core.topology.Topology) traffic across sub-clusters is priced on its rail
     bandwidth (facts.with_rails); without, on the slowest NIC of the parts. `keep`: finalists simulated per
     family (8: with 6, a better NIC on a 4 + 4 mixed cluster dropped the best layout out of the closed
-    form's top 6 and the search returned an 8% slower plan; tests/test_planner_efficiency.py)."""
+    form's top 6 and the search returned an 8% slower plan; tests/test_planner_efficiency.py).
+    `only_schedule` (Interleaved1F1B or ZBVZeroBubble): only mixed-stage layouts on that schedule
+    compete for the cluster (the parts and the even baseline are planned as always)."""
     t0 = time.perf_counter()
     drops0 = sum(OVERALLOCATED_DROPS.values())
     if topology is not None:
@@ -202,7 +205,9 @@ def search(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, node_of=No
     mixed = mixed_candidates(facts, model, batch, max_pp=max_pp)
     say(f"searching split-stage layouts ({len(mixed)} mixed candidates so far)")
     solo = {k: c for k, c in parts.items() if c is not None}
-    split = split_candidates(facts, model, batch, max_pp=max_pp, solo=solo)
+    split = split_candidates(facts, model, batch, max_pp=max_pp, solo=solo) if only_schedule is None else []
+    if only_schedule is not None:
+        mixed = [c for c in mixed if c.layout.virtual > 1 and c.layout.schedule == only_schedule]
     evaluated += len(mixed) + len(split)
     say(f"scoring even layouts ({len(mixed) + len(split)} candidates so far)")
     ev = even_candidates(facts, model, batch, max_pp=max_pp)
@@ -211,10 +216,12 @@ def search(facts: Sequence[ChipFacts], model: ModelFacts, batch: int, node_of=No
     ev_fin = finalize(ev, model, keep, node_of)
     even = ev_fin[0] if ev_fin and ev_fin[0].sim.fits else None
     # the even layouts compete too: the planner never returns worse than what a user would get
-    fin = finalize(mixed, model, keep, node_of) + finalize(split, model, keep, node_of) + ev_fin
+    fin = finalize(mixed, model, keep, node_of) + finalize(split, model, keep, node_of) + \
+        (ev_fin if only_schedule is None else [])
     fin = sorted([c for c in fin if c.sim and c.sim.fits], key=lambda c: c.sim.step_time_s)
     if not fin:
-        raise PlanSearchError(f"no layout of {model.name} fits this cluster with global batch {batch} "
+        only = f" on schedule {only_schedule}" if only_schedule is not None else ""
+        raise PlanSearchError(f"no layout of {model.name}{only} fits this cluster with global batch {batch} "
                               f"(usable memory per device: "
                               + ", ".join(f"{f.name} {f.memory / 1e9:.1f} GB" for f in facts) + ")")
     if len(facts) == 1:

@@ -47,8 +47,12 @@ def facts_table(facts: Sequence[ChipFacts]) -> str:
 def plan_table(layout: Layout) -> str:
     """One row per stage: layers, chips, ranks, TP, DP, rows and experts per replica by chip, recompute."""
     rows = [["stage", "layers", "chip(s)", "ranks", "tp", "dp", "rows per replica (by chip)", "recompute", "experts"]]
-    if layout.virtual > 1:      # Interleaved1F1B: each row is a rank group, its layers cut into v chunks
-        rows[0][1] = f"layers (in {layout.virtual} chunks)"
+    placed: dict[int, list] = defaultdict(list)
+    if layout.virtual > 1:      # Interleaved1F1B / ZBVZeroBubble: each row is a rank group and its plan stages
+        from .convert import stage_placement
+        rows[0][0:2] = ["group", f"layers of its {layout.virtual} stages ({layout.schedule})"]
+        for s, rng in stage_placement(layout):
+            placed[s].append(f"[{rng[0]}, {rng[1]})")
     for s, st in enumerate(layout.stages):
         chips = list(dict.fromkeys(r.facts.name for r in st.reps))
         per_chip = defaultdict(list)
@@ -60,7 +64,7 @@ def plan_table(layout: Layout) -> str:
 
         def span(v: list[int]) -> str:
             return str(v[0]) if min(v) == max(v) else f"{min(v)}-{max(v)}"
-        rows.append([str(s), f"[{st.layers[0]}, {st.layers[1]})", "+".join(chips),
+        rows.append([str(s), " + ".join(placed[s]) or f"[{st.layers[0]}, {st.layers[1]})", "+".join(chips),
                      ranges([x for r in st.reps for x in r.ranks]), str(len(st.reps[0].ranks)), str(len(st.reps)),
                      ", ".join(f"{c}: {span(v)}" for c, v in per_chip.items()),
                      recompute_kind(st.recompute),
