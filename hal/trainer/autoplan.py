@@ -72,8 +72,7 @@ def auto_plan(cfg, topo, model_cfg, link: Optional[tuple[float, float]]):
         from hal.emulation import timed
         lat, bw = link if link is not None else (0.0, 1e12)
         dtypes = charged_dtypes(cfg.train.precision, topo)
-        by_dtype = {d: emulated_chip_facts(topo, timed.time_scale(), bw, lat, d) for d in set(dtypes.values())}
-        facts = [next(f for f in by_dtype[dtypes[sc.name]] if f.name == sc.name) for sc in topo.sub_clusters]
+        facts = emulated_chip_facts(topo, timed.time_scale(), bw, lat, lambda sc: dtypes[sc.name])
         from hal.strategies.precision import activation_bytes
         dtype_bytes = activation_bytes(cfg.train.precision)  # bytes are charged as run: fp32 4, bf16/fp16 2
         result = search(facts, ModelFacts(model_cfg, dtype_bytes=dtype_bytes), cfg.global_batch, node_of=node_of,

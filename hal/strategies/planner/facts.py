@@ -239,7 +239,8 @@ def with_rails(facts: list[ChipFacts], topo) -> list[ChipFacts]:
                                 sources={**f.sources, "rail_bw": src}) for f in facts]
 
 
-def emulated_chip_facts(topo, scale: float, link_bw: float, link_latency: float, dtype: str = "bfloat16",
+def emulated_chip_facts(topo, scale: float, link_bw: float, link_latency: float,
+                        dtype: Union[str, Callable[[Any], str]] = "bfloat16",
                         link_source: str = "measured on this host", matrices: Optional[dict] = None) -> list[ChipFacts]:
     """Figures of timed-emulated chips (`HAL_EMULATE_TIMED=1`, hal.emulation.timed): compute and memory speed
     are what the virtual clock charges (`hal.emulation.timed.chip_speeds(chip, dtype, scale)`), not the real
@@ -247,7 +248,8 @@ def emulated_chip_facts(topo, scale: float, link_bw: float, link_latency: float,
     bytes/s and `link_latency` s per message, measured by the caller (e.g. a send/recv probe:
     benchmarks/planner_prediction.py). The bridge's host staging is a copy on the host: priced on
     the same link figures. Memory capacity is the cluster spec's `memory`, else the catalog's.
-    `dtype`: the dtype the clock charges FLOPs at (HAL_EMULATE_TIMED_DTYPE, default bfloat16);
+    `dtype`: the dtype the clock charges FLOPs at (HAL_EMULATE_TIMED_DTYPE, default bfloat16), or a
+    function of the sub-cluster (hal.trainer.autoplan.charged_dtypes: each chip kind its own);
     `matrices` (`load_matrices`): measured efficiency matrices, as HAL_EMULATE_TIMED_MATRIX gives the
     clock, so both sides use the same figures."""
     from hal.emulation import timed
@@ -260,7 +262,8 @@ def emulated_chip_facts(topo, scale: float, link_bw: float, link_latency: float,
     spec_mem = spec_memory(topo)
     for sc in topo.sub_clusters:
         mx = (matrices or {}).get(str(sc.model)) or (matrices or {}).get(sc.chip) or (None, "")
-        flops, bps, why = timed.chip_speeds(sc.chip, dtype, scale, model=sc.model, matrix=mx[0])
+        d = dtype if isinstance(dtype, str) else dtype(sc)
+        flops, bps, why = timed.chip_speeds(sc.chip, d, scale, model=sc.model, matrix=mx[0])
         prof = _catalog_profile(sc.chip, sc.model)
         mem = prof.memory_bytes.value if prof is not None and prof.memory_bytes.value else DEFAULT_MEMORY[0]
         mem = spec_mem.get(sc.name, mem)
@@ -270,7 +273,7 @@ def emulated_chip_facts(topo, scale: float, link_bw: float, link_latency: float,
                if prof is not None and prof.memory_bytes.value else DEFAULT_MEMORY[1],
                "intra_bw": link, "nic_bw": link, "host_copy_bw": link,
                "link_latency": f"{link_source}: {link_latency * 1e6:.0f} us per message"}
-        sp = timed.chip_speeds(sc.chip, dtype, scale, model=sc.model, matrix=mx[0])
+        sp = timed.chip_speeds(sc.chip, d, scale, model=sc.model, matrix=mx[0])
         out.append(ChipFacts(name=sc.name, chip=sc.chip, model=str(sc.model or (prof.model if prof else sc.chip)),
                              ranks=tuple(sc.ranks), ranks_per_node=len(sc.nodes[0]) if sc.nodes else len(sc.ranks),
                              flops=flops, peak=sp.peak_flops_per_s or flops, memory=mem, memory_bw=bps,
