@@ -47,7 +47,10 @@ MCORE_H100 = ("NVIDIA Megatron-LM README at commit f2e5db402c (2024-07-15), imag
               "and its text (vocab 131,072, seq 4096, --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap)")
 MCORE_MOE = ("NVIDIA Megatron-LM megatron/core/transformer/moe/README.md (commit c230e0d7c2, 2024-11-21): 'Mixtral 8X7B "
              "bf16 training ... 468 TFLOPS as of MCore v0.9'; 'Reference Best Parallel Mapping' table: Mixtral 8x7B "
-             "(Dropless), BF16, 64 GPUs, seq 4096, TP 1 EP 8 PP 4 VP 8, MBS 1, GBS 256 (8xH100 80GB per server)")
+             "(Dropless), BF16, 64 GPUs, seq 4096, TP 1 EP 8 PP 4 VP 8, MBS 1, GBS 256 (8xH100 80GB per server); VP 8 "
+             "= 8 virtual stages per rank, as the MoE team's yanring/Megatron-MoE-ModelZoo runtime_configs/benchmarking/"
+             "runtime.conf (e865051) runs Mixtral-8x7B (VPP 8, LAYERS_PER_VP = 32 / PP / VPP = 1; distributed optimizer, "
+             "overlapped grad reduce and param gather, flash attention, grouped GEMM, alltoall dispatcher)")
 
 
 def gpt(name: str, layers: int, hidden: int, heads: int, seq: int = 2048, vocab: int = 51200) -> ModelConfig:
@@ -170,18 +173,17 @@ def _mixtral() -> Row:
     per_token = 12 * l * h * h * ((1 + 8 / 32 + s / h) * q / h + cfg.ffn / h * cfg.top_k * 1.5 + cfg.vocab / (2 * l * h))
     return Row("mixtral-8x7b", cfg, "H100", 64, 1, 4, 256, 1, "none", 468e12 * 64 / per_token, "468 TFLOP/s/GPU",
                MCORE_MOE, virtual=8, zero=1, ep=8,
-               assumed="no recompute (not stated); a balanced router (dropless, as benchmarked); VP 8 read as 8 "
-                       "virtual stages of 1 layer (NeMo's mixtral_8x7b recipe: virtual_pipeline_parallelism=8); "
-                       "2-byte gradients in the ZeRO-1 state (MCore v0.9 with --bf16 accumulates in fp32: 2 B/param "
-                       "more; it fits either way)",
+               assumed="no recompute (not stated); a balanced router (dropless on real tokens, as benchmarked: "
+                       "its imbalance is not priced); 2-byte gradients in the ZeRO-1 state (MCore v0.9 with --bf16 "
+                       "accumulates in fp32: 2 B/param more) and no expert output rows kept for v0.9's un-permute "
+                       "probability multiply (moe_utils.unpermute at c230e0d7c2): memory only, it fits either way",
                moved="moved by the MoE layer's own activation term (the experts' SwiGLU, k x 6f bytes per token, "
                      "through memory: +25.6% -> +20.0%), the GEMM cap at MAMF's maximum (expert GEMMs 0.815 -> "
                      "0.801 of peak) and the distributed optimizer's expert sharding (memory only); unpriced for "
-                     "want of a source figure: the router's imbalance on real tokens (dropless, aux loss), the "
-                     "alltoall dispatcher's per-layer host sync",
-               readings=(("VP column read as MCore v0.9's only VP flag, --num-layers-per-virtual-pipeline-stage "
-                          "(the README's own 8x7B example sets 8 with PP 4: 1 virtual stage per rank, "
-                          "arguments.py l. 269-285 at core_r0.9.0)", {"virtual": 1}),))
+                     "want of a source figure for this model: the router's imbalance on real tokens (the MoE "
+                     "team's ModelZoo benchmarks Mixtral from its trained checkpoint, dropless; for 8x22B it "
+                     "states 445 TFLOP/s dropless vs 465 force-balanced), the alltoall dispatcher's per-layer "
+                     "host sync")
 
 
 def rows() -> list[Row]:
