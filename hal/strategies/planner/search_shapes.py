@@ -206,12 +206,13 @@ def ep_options(model: ModelFacts, counts: Sequence[int], even: bool = False) -> 
     """EP degrees to try for stages whose kinds have `counts` replicas: None (one EP group over the
     whole DP group, experts placed by speed; needs experts >= replicas) and every divisor of the
     expert count that divides each kind's count (EP groups of one kind, even placement, experts
-    replicated across groups: expert data parallel)."""
+    replicated across groups: expert data parallel; e = d, one kind: one EP group over the DP group
+    whose all_to_all runs on the intra-node link when it fits a node, which None prices on the NIC)."""
     if not model.experts:
         return [None]
     d = sum(counts)
     out: list[Optional[int]] = [None] if model.experts >= d and (not even or model.experts % d == 0) else []
-    out += [e for e in divisors(model.experts) if e < d and all(n % e == 0 for n in counts)]
+    out += [e for e in divisors(model.experts) if e <= d and all(n % e == 0 for n in counts)]
     return out
 
 
