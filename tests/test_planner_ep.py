@@ -284,20 +284,19 @@ def test_search_is_never_slower_than_a_hand_laid_moe_layout():
                       experts=16, top_k=4)
     topo = _topo(("gpu", "cuda", "H100", 2, 8))
     facts, node_of = _facts(topo)
-    for shard in (False, True):
-        m = ModelFacts(cfg, vocab_parallel=True, shard_expert_state=shard)
-        best = search(facts, m, 64, node_of=node_of, max_pp=8, topology=topo).best.sim.tokens_per_s
-        tried = 0
-        for pp in (1, 2, 4):
-            dp, per = 16 // pp, cfg.layers // pp
-            for ep in (e for e in (2, 4, 8, 16) if dp % e == 0):
-                for zero in (0, 1, 2):
-                    for mb in (1, 2):
-                        stages = [((s * per, (s + 1) * per), [Group(facts[0], 1, mb, cfg.experts // ep, dp)])
-                                  for s in range(pp)]
-                        sim = simulate(materialize(Shape(stages, 64 // (dp * mb), zero, ["none"] * pp, ep=ep),
-                                                   node_of), m)
-                        if sim.fits:
-                            tried += 1
-                            assert best >= sim.tokens_per_s * (1 - 1e-9), (shard, pp, ep, zero, mb)
-        assert tried >= 20
+    m = ModelFacts(cfg, vocab_parallel=True, shard_expert_state=True)      # as the published MoE rows run
+    best = search(facts, m, 64, node_of=node_of, max_pp=8, topology=topo).best.sim.tokens_per_s
+    tried = 0
+    for pp in (1, 2, 4):
+        dp, per = 16 // pp, cfg.layers // pp
+        for ep in (e for e in (2, 4, 8, 16) if dp % e == 0):
+            for zero in (0, 1, 2):
+                for mb in (1, 2):
+                    stages = [((s * per, (s + 1) * per), [Group(facts[0], 1, mb, cfg.experts // ep, dp)])
+                              for s in range(pp)]
+                    sim = simulate(materialize(Shape(stages, 64 // (dp * mb), zero, ["none"] * pp, ep=ep),
+                                               node_of), m)
+                    if sim.fits:
+                        tried += 1
+                        assert best >= sim.tokens_per_s * (1 - 1e-9), (pp, ep, zero, mb)
+    assert tried >= 10
