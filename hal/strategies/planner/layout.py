@@ -7,9 +7,10 @@ what the cost model prices. convert.py turns one into the other.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from functools import lru_cache
+from typing import Optional, Sequence, Union
 
-from ..schedule import Schedule
+from ..schedule import Schedule, interleaved_rank_order, interleaved_warmup
 from .facts import ChipFacts
 
 # hal/strategies/pipeline_parallel.HeteroPipeline sends each input gradient from a hook on the stage
@@ -19,16 +20,40 @@ from .facts import ChipFacts
 SEND_AFTER_REDUCTION = False
 
 
-def in_flight(m: int, p: int, s: int, virtual: int = 1, schedule: Union[Schedule, str, None] = None) -> float:
-    """Micro-batches of stage s's activations alive at its peak: 1F1B min(m, p - s); interleaved with
-    v stages per rank keeps (1 + 1/v) of that (Megatron-LM's interleaved warm-up: (v - 1) p + 2 (p - 1)
-    chunk forwards of 1/v of the stage's layers before its first backward, rounded up); ZBVZeroBubble
+def in_flight(m: int, p: int, s: int, virtual: int = 1, schedule: Union[Schedule, str, None] = None,
+              chunks: Optional[Sequence[int]] = None) -> float:
+    """Micro-batches of stage s's activations alive at its peak, in micro-batches of its whole stage:
+    1F1B min(m, p - s); interleaved with v stages per rank group (torch's Interleaved1F1B) counted on
+    torch's own order (`interleaved_in_flight`; `chunks`: the group's layers per chunk); ZBVZeroBubble
     counted on torch's own order (`zbv_in_flight`: p on every rank group for m >= 2p - 1, the same
     peak as 1F1B's first stage, as Qi et al. 2023, section 6, state)."""
     if schedule == Schedule.ZBV_ZERO_BUBBLE:
         return zbv_in_flight(m, p, s)
-    base = min(m, p - s)
-    return base if virtual <= 1 else base * (1 + 1 / virtual)
+    if virtual <= 1:
+        return min(m, p - s)
+    return interleaved_in_flight(m, p, s, virtual, tuple(chunks) if chunks is not None else None)
+
+
+@lru_cache(maxsize=4096)
+def interleaved_in_flight(m: int, p: int, s: int, v: int, chunks: Optional[tuple[int, ...]] = None) -> float:
+    """Peak activations of rank group s under torch's Interleaved1F1B with v chunks per group, in
+    micro-batches of the group's whole stage: the most layer-micro-batches whose forward has run and
+    backward has not, along torch's order (`schedule.interleaved_rank_order`), over the group's layers.
+    With equal chunks that is min(W + 1, m v) / v for W = `schedule.interleaved_warmup` (the warm-up
+    forwards, then one more forward before each backward): ((v - 1) p + 2 (p - 1 - s) + 1) / v for m
+    a multiple of p, about p (1 + 1/v) on the first group and p (v - 1) / v on the last (not 1 + 1/v,
+    as this counted before). `chunks` (layers per chunk, in chunk order; e.g. an embedding-only first
+    chunk of 0 layers) weights each chunk by its layers: the order is replayed.
+    tests/test_planner_interleaved.py compares both with a replay of torch's own order."""
+    if chunks is None or len(set(chunks)) <= 1:
+        return min(interleaved_warmup(s, p, v, m) + 1, m * v) / v
+    if len(chunks) != v or sum(chunks) <= 0:
+        raise ValueError(f"chunks = {chunks}: need v = {v} layer counts with a positive sum")
+    live = peak = 0
+    for kind, stage, _ in interleaved_rank_order(s, p, v, m):
+        live += chunks[stage // p] * (1 if kind == "F" else -1)
+        peak = max(peak, live)
+    return peak / sum(chunks)
 
 
 def zbv_in_flight(m: int, p: int, s: int) -> float:
@@ -93,6 +118,10 @@ class Layout:
     # stage's layers cut into `virtual` chunks placed round-robin (convert.to_plan); with
     # schedule ZBVZeroBubble, 2 chunks placed in a V (rank group s: stage s and stage 2p - 1 - s)
     virtual: int = 1
+    # layers per chunk of each rank group, where a published run cuts them other than sim_chain.chunk_layers
+    # (Llama 3's embedding-only first chunk, arXiv 2407.21783 s. 3.3.2): memory only. None: chunk_layers.
+    # Published runs only: plan.py refuses a stage of no layers, so to_plan cannot write such a layout
+    chunks: Optional[list[tuple[int, ...]]] = None
 
     @property
     def global_batch(self) -> int:

@@ -17,6 +17,7 @@ from ..schedule import Schedule
 from .cost import GRAD_BYTES, ModelFacts, dp_reduce_time, group_bw, p2p_time, replica_cost
 from .facts import ChipFacts
 from .layout import SEND_AFTER_REDUCTION, in_flight, stage_ends
+from .sim_chain import chunk_layers
 
 ZERO_LEVELS = (0, 2, 3)
 
@@ -113,6 +114,7 @@ def estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[fl
     flags, split = [], []
     for s, ((a, b), groups) in enumerate(shape.stages):
         n_layers, dp, bm = b - a, sum(g.count for g in groups), shape.microbatch(s)
+        alive = in_flight(m, p, s, v, shape.schedule, chunk_layers(n_layers, v))
         nic = min(g.facts.nic_bw for g in groups)
         # none, else selective (saves memory only where the attention core keeps its scores: an unfused
         # core, ModelFacts(fused_attention=False)), else full
@@ -123,7 +125,7 @@ def estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[fl
             for g in groups:
                 ep, gmb = ep_of(model, shape.ep, dp, g, nic, bm)
                 c = replica_cost(model, g.facts, g.tp, n_layers, first, last, g.mb, recompute, shape.zero,
-                                 dp, in_flight(m, p, s, v, shape.schedule), ep=ep, experts_local=g.experts,
+                                 dp, alive, ep=ep, experts_local=g.experts,
                                  group_mb=gmb)
                 ok = ok and c.memory <= g.facts.memory
                 if c.fwd + c.bwd >= worst:

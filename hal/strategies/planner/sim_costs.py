@@ -14,6 +14,7 @@ from ..schedule import Schedule, stage_order
 from .cost import GRAD_BYTES, ModelFacts, ReplicaCost, gather_time, group_bw, p2p_time, replica_cost
 from .layout import Layout, RepSpec, StageSpec, on_one_node, stage_ends
 from .layout import in_flight as layout_in_flight
+from .sim_chain import chunk_layers
 
 
 def fsdp_copy_bytes(dense: float, ends: float, d: int, zero: int, kind: str, j: int, m: int) -> float:
@@ -67,8 +68,9 @@ def _stage_row(layout: Layout, model: ModelFacts, s: int) -> list[ReplicaCost]:
     row, memo, grp_memo = [], {}, {}
     dp = len(st.reps)
     nic = min(x.facts.nic_bw for x in st.reps)
+    chunks = layout.chunks[s] if layout.chunks else chunk_layers(st.n_layers, layout.virtual)
     in_flight = m if simulated_schedule(layout) == Schedule.GPIPE else \
-        layout_in_flight(m, p, s, layout.virtual, layout.schedule)
+        layout_in_flight(m, p, s, layout.virtual, layout.schedule, chunks)
     first, last = stage_ends(s, p, layout.schedule)
     for j, r in enumerate(st.reps):
         ep, gmb = _ep_args(model, st, j, nic, layout.node_of or {}, grp_memo)
