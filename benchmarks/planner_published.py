@@ -225,7 +225,7 @@ def rows() -> list[Row]:
                    assumed="the recipe's selective recompute of layernorm and the MoE activation, the "
                            "sliding-window layers and attention sinks not modelled (full causal attention)",
                    moved="moved by the recipe's distributed optimizer (ZeRO 1, expert state sharded over the "
-                         "expert-DP pair: the layout fits, 54-61 GB of 74; it was over memory at ZeRO 0), the MoE "
+                         "expert-DP pair: the layout fits, 48-61 GB of 74 per stage; it was 70-91 GB at ZeRO 0), the MoE "
                          "activation term (+70.1% -> +67.2% at this commit), Megatron-Core's synchronous p2p (batch_p2p_sync, "
                          "the non-interleaved default: -1 point); still over: no mechanism found with a source "
                          "figure for the rest. Unpriced: the sliding-window (128) half of the layers and causal "
