@@ -73,6 +73,16 @@ def test_interleaved_peak_is_counted_on_torchs_order():
     assert in_flight(m, p, 0, v, "Interleaved1F1B") == ((v + 1) * p - 1) / v
     # Llama 3's embedding-only first chunk (one layer per chunk): rank 0 keeps fewer layers alive
     assert interleaved_in_flight(m, p, 0, v, (0,) + (1,) * 7) * 7 < interleaved_in_flight(m, p, 0, v) * 8
+    # Llama 3's tunable N: torch's own N by default; a smaller N keeps fewer chunks (closed form = replay)
+    assert interleaved_in_flight(m, p, 1, v, per_round=16) == interleaved_in_flight(m, p, 1, v)
+    for n in (4, 8, 12):
+        peak = interleaved_in_flight(m, p, 1, v, per_round=n)
+        assert peak == ((v - 1) * n + 2 * (p - 2) + 1) / v < interleaved_in_flight(m, p, 1, v)
+        live = most = 0
+        for kind, _, _ in interleaved_rank_order(1, p, v, m, per_round=n):
+            live += 1 if kind == "F" else -1
+            most = max(most, live)
+        assert most / v == peak
 
 
 def test_a_layout_whose_later_stage_does_not_fit_is_refused():

@@ -10,7 +10,7 @@ name as a string (and prints as that name).
 from __future__ import annotations
 
 from enum import Enum
-from typing import Union
+from typing import Optional, Union
 
 __all__ = ["Schedule", "MULTI_STAGE_SCHEDULES", "ORDERED_SCHEDULES", "stage_order", "zbv_stage_of",
            "zbv_rank_order", "interleaved_warmup", "interleaved_rank_order"]
@@ -109,32 +109,36 @@ def zbv_rank_order(rank: int, num_ranks: int, num_microbatches: int) -> list[tup
     return [op for op in ops if op[2] < m]
 
 
-def interleaved_warmup(rank: int, num_ranks: int, num_chunks: int, num_microbatches: int) -> int:
+def interleaved_warmup(rank: int, num_ranks: int, num_chunks: int, num_microbatches: int,
+                       per_round: Optional[int] = None) -> int:
     """Chunk forwards pipeline rank `rank` runs before its first backward under torch 2.13's
     ScheduleInterleaved1F1B (`_get_warmup_ops` with its multiply_factor 2): (v - 1) x the micro-batches
     per round + 2 (p - 1 - rank), capped at M v. torch's rounds are max(1, M // p) and its micro-batches
     per round M // rounds (the contiguous micro-batches N of Llama 3's schedule, arXiv 2407.21783,
-    section 3.3.2 and Figure 6: p when p divides M, M when M < p)."""
+    section 3.3.2 and Figure 6: p when p divides M, M when M < p). `per_round` replaces torch's N with
+    another (Llama 3 tunes it; torch derives it from M)."""
     p, v, m = num_ranks, num_chunks, num_microbatches
-    per_round = m // max(1, m // p)
+    per_round = per_round or m // max(1, m // p)
     return min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
 
 
-def interleaved_rank_order(rank: int, num_ranks: int, num_chunks: int,
-                           num_microbatches: int) -> list[tuple[str, int, int]]:
+def interleaved_rank_order(rank: int, num_ranks: int, num_chunks: int, num_microbatches: int,
+                           per_round: Optional[int] = None) -> list[tuple[str, int, int]]:
     """The actions pipeline rank `rank` of `num_ranks` runs under torch 2.13's ScheduleInterleaved1F1B
     with `num_chunks` stages per rank, in order: (kind, stage, micro-batch), kind "F" or "B", stage
     c p + rank for the rank's chunk c. The same order as torch's `_calculate_single_rank_operations`
     (`_get_1f1b_rank_ops`) without its idle slots (tests/test_planner_interleaved.py compares the two):
     `interleaved_warmup` forwards, then one forward and one backward in turn, then the remaining
     backwards; forwards walk the chunks upward and backwards downward, each for a round's micro-batches
-    in a row. torch requires M to be a multiple of its rounds (ValueError here as there)."""
+    in a row. torch requires M to be a multiple of its rounds (ValueError here as there). `per_round`:
+    another N than torch's (`interleaved_warmup`)."""
     p, v, m = num_ranks, num_chunks, num_microbatches
     rounds = max(1, m // p)
     if m % rounds:
         raise ValueError(f"num_microbatches = {m}: Interleaved1F1B needs a multiple of its rounds "
                          f"max(1, M // p) = {rounds} (p = {p})")
-    per_round, warm, total = m // rounds, interleaved_warmup(rank, p, v, m), m * v
+    per_round = per_round or m // rounds
+    warm, total = interleaved_warmup(rank, p, v, m, per_round), m * v
     nxt: dict[tuple[str, int], int] = {}
 
     def act(kind: str, chunk: int) -> tuple[str, int, int]:

@@ -21,21 +21,23 @@ SEND_AFTER_REDUCTION = False
 
 
 def in_flight(m: int, p: int, s: int, virtual: int = 1, schedule: Union[Schedule, str, None] = None,
-              chunks: Optional[Sequence[int]] = None) -> float:
+              chunks: Optional[Sequence[int]] = None, per_round: Optional[int] = None) -> float:
     """Micro-batches of stage s's activations alive at its peak, in micro-batches of its whole stage:
     1F1B min(m, p - s); interleaved with v stages per rank group (torch's Interleaved1F1B) counted on
-    torch's own order (`interleaved_in_flight`; `chunks`: the group's layers per chunk); ZBVZeroBubble
+    torch's own order (`interleaved_in_flight`; `chunks`: the group's layers per chunk, `per_round`: another
+    N of contiguous micro-batches than torch's, Llama 3's tunable N); ZBVZeroBubble
     counted on torch's own order (`zbv_in_flight`: p on every rank group for m >= 2p - 1, the same
     peak as 1F1B's first stage, as Qi et al. 2023, section 6, state)."""
     if schedule == Schedule.ZBV_ZERO_BUBBLE:
         return zbv_in_flight(m, p, s)
     if virtual <= 1:
         return min(m, p - s)
-    return interleaved_in_flight(m, p, s, virtual, tuple(chunks) if chunks is not None else None)
+    return interleaved_in_flight(m, p, s, virtual, tuple(chunks) if chunks is not None else None, per_round)
 
 
 @lru_cache(maxsize=4096)
-def interleaved_in_flight(m: int, p: int, s: int, v: int, chunks: Optional[tuple[int, ...]] = None) -> float:
+def interleaved_in_flight(m: int, p: int, s: int, v: int, chunks: Optional[tuple[int, ...]] = None,
+                          per_round: Optional[int] = None) -> float:
     """Peak activations of rank group s under torch's Interleaved1F1B with v chunks per group, in
     micro-batches of the group's whole stage: the most layer-micro-batches whose forward has run and
     backward has not, along torch's order (`schedule.interleaved_rank_order`), over the group's layers.
@@ -46,11 +48,11 @@ def interleaved_in_flight(m: int, p: int, s: int, v: int, chunks: Optional[tuple
     chunk of 0 layers) weights each chunk by its layers: the order is replayed.
     tests/test_planner_interleaved.py compares both with a replay of torch's own order."""
     if chunks is None or len(set(chunks)) <= 1:
-        return min(interleaved_warmup(s, p, v, m) + 1, m * v) / v
+        return min(interleaved_warmup(s, p, v, m, per_round) + 1, m * v) / v
     if len(chunks) != v or sum(chunks) <= 0:
         raise ValueError(f"chunks = {chunks}: need v = {v} layer counts with a positive sum")
     live = peak = 0
-    for kind, stage, _ in interleaved_rank_order(s, p, v, m):
+    for kind, stage, _ in interleaved_rank_order(s, p, v, m, per_round):
         live += chunks[stage // p] * (1 if kind == "F" else -1)
         peak = max(peak, live)
     return peak / sum(chunks)
@@ -122,6 +124,9 @@ class Layout:
     # (Llama 3's embedding-only first chunk, arXiv 2407.21783 s. 3.3.2): memory only. None: chunk_layers.
     # Published runs only: plan.py refuses a stage of no layers, so to_plan cannot write such a layout
     chunks: Optional[list[tuple[int, ...]]] = None
+    # Llama 3's tunable N (contiguous micro-batches per chunk, arXiv 2407.21783 Figure 6) where it is not
+    # torch's M // max(1, M // p): memory only (the interleaved step is priced at torch's); published runs only
+    per_round: Optional[int] = None
 
     @property
     def global_batch(self) -> int:

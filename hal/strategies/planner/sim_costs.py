@@ -70,7 +70,7 @@ def _stage_row(layout: Layout, model: ModelFacts, s: int) -> list[ReplicaCost]:
     nic = min(x.facts.nic_bw for x in st.reps)
     chunks = layout.chunks[s] if layout.chunks else chunk_layers(st.n_layers, layout.virtual)
     in_flight = m if simulated_schedule(layout) == Schedule.GPIPE else \
-        layout_in_flight(m, p, s, layout.virtual, layout.schedule, chunks)
+        layout_in_flight(m, p, s, layout.virtual, layout.schedule, chunks, layout.per_round)
     first, last = stage_ends(s, p, layout.schedule)
     for j, r in enumerate(st.reps):
         ep, gmb = _ep_args(model, st, j, nic, layout.node_of or {}, grp_memo)
