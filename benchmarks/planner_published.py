@@ -25,6 +25,7 @@ from hal.strategies.planner import ModelFacts, search, simulate
 from hal.strategies.planner.facts import cluster_facts
 from hal.strategies.planner.plan_search import Group, Shape, materialize
 from hal.strategies.planner.search_shapes import split_layers
+from hal.strategies.planner.sim_costs import stage_costs
 
 NARAYANAN = ("Narayanan et al. 2021 (arXiv 2104.04473) Table 1, as NVIDIA/Megatron-LM's README showed it until commit "
              "2e90a342f5 (2022-05-19): images/cases_april2021.png (model-parallel size, GPUs, batch, achieved "
@@ -92,6 +93,9 @@ class Row:
     # and Megatron's GeLU 4h MLP of the GPT rows (16h = 6f at their f = 8h/3); False: eager autograd's 8f
     fused_swiglu: bool = True
     layer_split: Optional[tuple[int, ...]] = None   # layers per pipeline stage where the source states them
+    # layers per chunk of each rank group where the source cuts them other than evenly (Layout.chunks: memory
+    # only; an empty chunk is a published-run mechanism: plan.py refuses a stage of no layers)
+    chunks: Optional[tuple[tuple[int, ...], ...]] = None
     megatron_p2p: bool = False     # Megatron-LM's synchronous p2p (+ scatter/gather): ModelFacts.megatron_p2p
     moved: str = ""           # the mechanisms that moved this row (issue 25), and what is still unpriced
     # other readings of an ambiguous source: (what the reading is, Row fields it changes), each simulated too
@@ -140,14 +144,24 @@ GPT_OSS = dict(name="gpt-oss-120b", layers=36, hidden=2880, heads=64, kv_heads=8
 
 # Llama 3 section 3.3.2: "we reduce one Transformer layer each from the first and the last stages ... the first
 # model chunk on the first stage has only the embedding": one layer per model chunk, so v = 8 (128 slots / 16 ranks)
+# the same section: "the first model chunk on the first stage has only the embedding, and the last model chunk on
+# the last stage has only output projection and loss calculation" (Layout.chunks, memory only)
+LLAMA_CHUNKS = ((0,) + (1,) * 7,) + ((1,) * 8,) * 14 + ((1,) * 7 + (0,),)
 LLAMA_READINGS = (("v = 4", {"virtual": 4}),
-                  ("v = 8 and 7 layers on the first and last stage (section 3.3.2)",
-                   {"virtual": 8, "layer_split": (7,) + (8,) * 14 + (7,)}),
+                  ("v = 8, 7 layers on the first and last stage, the first chunk embedding-only and the last "
+                   "head-only (section 3.3.2)",
+                   {"virtual": 8, "layer_split": (7,) + (8,) * 14 + (7,), "chunks": LLAMA_CHUNKS}),
                   ("eager SwiGLU (8f)", {"fused_swiglu": False}))
-LLAMA_MEMORY = ("; still over this model's usable memory (74 of 80 GB) on every reading: rank 0 keeps 7 layers x 16 "
-                "micro-batches x (1 + 1/v) at 0.57 GB each (10h + 4q + 4c + 6f bytes/token / 8, seq 8192); the "
-                "paper's embedding-only first chunk (rank 0 holds its 2p - 1 warm-up micro-batches on no layer) is "
-                "not representable in layout.in_flight's (1 + 1/v)")
+LLAMA_MEMORY = ("; over this model's usable memory (74 of 80 GB) at torch's N (contiguous micro-batches per chunk, M // "
+                "max(1, M // p) = 16 = p, the depth-first N the paper contrasts) on every reading: torch's Interleaved1F1B "
+                "keeps (v - 1) N + 2 (p - 1 - r) + 1 chunk micro-batches alive on rank r (layout.interleaved_in_flight; "
+                "capped at M v: at M = p = 16 ranks 0-7 hold every micro-batch of every layer, as 1F1B's first stage "
+                "does), at 0.57 GB per layer and micro-batch (10h + 4q + 4c + 6f bytes/token / 8, seq 8192) plus 7.1 GB "
+                "of ZeRO-2 state on an 8-layer rank. The paper's embedding-only first chunk relieves rank 0 only; its "
+                "freed stage inputs/outputs move nothing here (no stage output is counted, a stage input is its first "
+                "layer's saved input); what fits is a smaller N, which the paper tunes but does not state (its Figure 6 "
+                "draws N = 5 for p = 4) and torch cannot run (it derives N from M): 'fits at N <= k' below is memory "
+                "only, the step is priced at torch's N")
 
 
 def _mcore_h100(name, layers, hidden, heads, tp, pp, gpus, batch, tflops) -> Row:
@@ -255,7 +269,32 @@ def authors_layout(row: Row, f, node_of):
     stages = [((bounds[s], bounds[s + 1]), [Group(f, row.tp, row.mbs, experts, dp)]) for s in range(row.pp)]
     shape = Shape(stages, row.batch // (dp * row.mbs), row.zero, [row.recompute] * row.pp, ep=row.ep,
                   virtual=row.virtual)
-    return materialize(shape, node_of)
+    layout = materialize(shape, node_of)
+    if row.chunks:
+        layout.chunks = [tuple(c) for c in row.chunks]
+    return layout
+
+
+def peak_memory(layout, model: ModelFacts, per_round: Optional[int] = None) -> tuple[float, int, bool]:
+    """(the largest per-rank memory figure in bytes, its stage, whether every replica fits its usable
+    memory) of `layout`, from the cost model alone (no event pass); `per_round`: another N than torch's."""
+    costs = stage_costs(dataclasses.replace(layout, per_round=per_round), model)
+    worst = max(((c.memory, s) for s, row in enumerate(costs) for c in row))
+    fits = all(c.memory <= r.facts.memory for st, row in zip(layout.stages, costs) for c, r in zip(row, st.reps))
+    return worst[0], worst[1], fits
+
+
+def largest_fitting_n(layout, model: ModelFacts) -> Optional[int]:
+    """For an interleaved layout over memory: the largest N (contiguous micro-batches per chunk, Llama 3's
+    tunable N; torch's is M // max(1, M // p)) below torch's at which every replica fits, memory only
+    (the step is priced at torch's N); None if none does or the layout is not interleaved."""
+    p, m = len(layout.stages), layout.m
+    if layout.virtual <= 1:
+        return None
+    for n in range(m // max(1, m // p) - 1, 0, -1):
+        if peak_memory(layout, model, n)[2]:
+            return n
+    return None
 
 
 def _model(row: Row) -> ModelFacts:
@@ -271,14 +310,16 @@ def run(row: Row, do_search: bool) -> dict:
     # and Megatron-Core's distributed optimizer shards expert state over the expert-DP group (MoE rows)
     model = _model(row)
     t0 = time.perf_counter()
-    sim = simulate(authors_layout(row, facts[0], node_of), model)
+    layout = authors_layout(row, facts[0], node_of)
+    sim = simulate(layout, model)
     alt = []
     for what, fields in row.readings:
         other = dataclasses.replace(row, **fields)
-        o = simulate(authors_layout(other, facts[0], node_of), _model(other))
+        o_layout, o_model = authors_layout(other, facts[0], node_of), _model(other)
+        o = simulate(o_layout, o_model)
         alt.append({"reading": what, "authors": o.tokens_per_s, "error": o.tokens_per_s / row.published - 1,
-                    "fits": o.fits})
-    out = {"row": row.name, "gpus": row.gpus, "chip": row.chip, "published": row.published, "readings": alt,
+                    "fits": o.fits, **_memory_note(o_layout, o_model, o.fits)})
+    out = {**_memory_note(layout, model, sim.fits), "row": row.name, "gpus": row.gpus, "chip": row.chip, "published": row.published, "readings": alt,
            "step": sim.step_time_s, "published_step": row.batch * row.cfg.seq / row.published,
            "authors": sim.tokens_per_s, "authors_fits": sim.fits, "authors_mfu": sim.mfu.get("gpu"),
            "error": sim.tokens_per_s / row.published - 1, "source": row.source,
@@ -293,15 +334,32 @@ def run(row: Row, do_search: bool) -> dict:
     return out
 
 
+def _memory_note(layout, model: ModelFacts, fits: bool) -> dict:
+    """A layout over memory: its worst rank's figure and stage, and the largest N at which it would fit."""
+    if fits:
+        return {}
+    peak, stage, _ = peak_memory(layout, model)
+    return {"peak_gb": peak / 1e9, "peak_stage": stage, "fits_at_n": largest_fitting_n(layout, model)}
+
+
+def _over_text(r: dict) -> str:
+    """' [OVER MEMORY: worst stage s at x GB; fits at N <= k]' for a result dict (empty when it fits)."""
+    if "peak_gb" not in r:
+        return ""
+    n = r["fits_at_n"]
+    return (f" [OVER MEMORY: stage {r['peak_stage']} needs {r['peak_gb']:.1f} GB; "
+            + (f"fits at N <= {n}]" if n else "fits at no N]"))
+
+
 def _print_moves(results: list[dict], by_name: dict) -> None:
     """Per row: what moved it, its step against the published one, and its other readings' errors."""
     lines = []
     for r in results:
         row = by_name[r["row"]]
-        alt = "; ".join(f"{a['reading']}: {a['error']:+.1%}" + ("" if a["fits"] else " [OVER MEMORY]")
-                        for a in r["readings"])
+        alt = "; ".join(f"{a['reading']}: {a['error']:+.1%}" + _over_text(a) for a in r["readings"])
         if row.moved or alt:
             lines.append(f"  {row.name}: step {r['step']:.2f} s predicted, {r['published_step']:.2f} s published"
+                         + _over_text(r)
                          + (f"; {row.moved}" if row.moved else "") + (f"; other reading(s): {alt}" if alt else ""))
     if lines:
         print("\nwhat moved each row (issue 25) and what is still unpriced:")
