@@ -3,25 +3,25 @@ emulated, timed emulation from the config, each run matched bit for bit against 
 same config and plan: every step's loss and grad norm, the final validation loss, and every tensor of the
 final checkpoint (parameters and optimizer state).
 
-Two beds, so that two runs go at once on hosts they do not share: `pair` (host 0 two cuda NICs, host 1
-two ascend: 2 hosts x 2 ranks) and `span` (BedSpec.of_sub_clusters: hosts 0 and 1 one cuda NIC each,
-host 2 two ascend; the cluster spec SPAN_SPEC puts the cuda sub-cluster on two hosts). Both models run
-on both layouts, each launch mode twice; three tests:
+Two beds, so that runs go at once on hosts they do not share: `pair` (host 0 two cuda NICs, host 1 two
+ascend: 2 hosts x 2 ranks) and `span` (BedSpec.of_sub_clusters: hosts 0 and 1 one cuda NIC each, host 2
+two ascend; the cluster spec SPAN_SPEC puts the cuda sub-cluster on two hosts). Both models run on both
+layouts, each model by node flags once and under Slurm variables once; two tests:
 
-- the tiny GPT on `pair`, one `hal train --nnodes 2 --node-rank n --rdzv-endpoint ... --max-restarts 1`
-  per host, WITH a host crash: rank 2 (host 1) freezes in step 3 (the test-only `[debug]` fault) after
-  the step-2 checkpoint; host 1's cables are pulled, the host is killed (`Testbed.kill_host`: SIGKILL to
-  its pid-namespace init, every process of it at once: `hal train`, torchrun, both ranks, all listed
-  before and all gone after), booted again (`boot_host`: a fresh pid namespace and /dev/shm) and its
-  cables put back; the same command started again on it passes the pre-launch agreement (node 0 still
-  serves it), joins the job node 0's torchrun restarted into (hal.trainer.elastic.init_process_group),
-  resumes from the shared step-2 checkpoint and ends bit-identical to the uninterrupted reference;
-  AT ONCE the tiny MoE with expert parallel on `span`, one `hal train` per host under emulated Slurm
-  variables (SLURM_NODEID, SLURM_NNODES, MASTER_ADDR/PORT; no node flags).
-- the tiny MoE on `pair` under Slurm variables AND AT ONCE the tiny GPT on `span` by node flags.
-- `hal testbed run` of `hal train` on `span` whose checkpoint folder host 1 cannot see (a tmpfs over it
-  in host 1's own mount namespace): the one line printed is the failing rank's own (SharedFolderError
-  naming node 1), not torchrun's "exitcode".
+- `pair`: the tiny GPT, one `hal train --nnodes 2 --node-rank n --rdzv-endpoint ... --max-restarts 1` per
+  host, WITH a host crash: rank 2 (host 1) freezes in step 3 (the test-only `[debug]` fault) after the
+  step-2 checkpoint; host 1's cables are pulled, the host is killed (`Testbed.kill_host`: SIGKILL to its
+  pid-namespace init, every process of it at once: `hal train`, torchrun, both ranks, all listed before
+  and all gone after), booted again (`boot_host`: a fresh pid namespace and /dev/shm) and its cables put
+  back; the same command started again on it passes the pre-launch agreement (node 0 still serves it),
+  joins the job node 0's torchrun restarted into (hal.trainer.elastic.init_process_group), resumes from
+  the shared step-2 checkpoint and ends bit-identical to the uninterrupted reference.
+  Meanwhile `span`: the tiny MoE with expert parallel, one `hal train` per host under emulated Slurm
+  variables (SLURM_NODEID, SLURM_NNODES, MASTER_ADDR/PORT; no node flags), then the tiny GPT by node
+  flags.
+- `pair`: the tiny MoE under Slurm variables. Meanwhile `span`: `hal testbed run` of `hal train` whose
+  checkpoint folder host 1 cannot see (a tmpfs over it in host 1's own mount namespace): the one line
+  printed is the failing rank's own (SharedFolderError naming node 1), not torchrun's "exitcode".
 The four single-host references run (all at once) while the beds come up. Needs root and network
 namespaces (skips with the reason otherwise).
 """
@@ -50,7 +50,10 @@ WALL = 900.0
 SPAN_SPEC = "".join(f'[[sub_clusters]]\nname = "{c}"\nchip = "{c}"\nnodes = {n}\nranks_per_node = {r}\nemulate = true\n'
                     for c, n, r in (("cuda", 2, 1), ("ascend", 1, 2)))
 CRASHED = 1  # the `pair` host that crashes: node 1, both ascend ranks
-PORT = 29700 + os.getpid() % 200  # each bed is its own set of network namespaces: both beds may use it
+# rendezvous port of each run (the agreement store takes port + 1): runs one after another on a bed
+# never meet a port still held by the previous one
+PORTS = {name: 29600 + os.getpid() % 200 * 2 + 400 * i for i, name in enumerate(("gpt-pair", "moe-span", "gpt-span",
+                                                                             "moe-pair"))}
 
 pair = make_bed_fixture(lambda: BedSpec.of_sub_clusters([("cuda", [2]), ("ascend", [2])], rate="400 Mb/s"),
                         name="pair")
@@ -118,7 +121,7 @@ def _train(cfg: Path, *flags: str) -> list[str]:
 
 def _by_flags(bed, cfg: Path) -> Callable[[int], tuple[list[str], dict]]:
     """Node n's command and environment: torchrun's node flags, node 0 = host 0."""
-    end = f"{bed.spec.address(0, 0)}:{PORT}"
+    end = f"{bed.spec.address(0, 0)}:{PORTS[cfg.stem]}"
     return lambda n: (_train(cfg, "--nnodes", str(bed.spec.hosts), "--node-rank", str(n), "--max-restarts", "1",
                              "--rdzv-endpoint", end), _env())
 
@@ -126,7 +129,7 @@ def _by_flags(bed, cfg: Path) -> Callable[[int], tuple[list[str], dict]]:
 def _by_slurm(bed, cfg: Path) -> Callable[[int], tuple[list[str], dict]]:
     """Node n's command and environment under emulated `srun` variables (no node flags)."""
     slurm = {"SLURM_JOB_ID": "42", "SLURM_NNODES": str(bed.spec.hosts), "SLURM_NTASKS": str(bed.spec.hosts),
-             "MASTER_ADDR": bed.master_addr, "MASTER_PORT": str(PORT), "SLURM_JOB_NODELIST": f"h[0-{bed.spec.hosts - 1}]"}
+             "MASTER_ADDR": bed.master_addr, "MASTER_PORT": str(PORTS[cfg.stem]), "SLURM_JOB_NODELIST": f"h[0-{bed.spec.hosts - 1}]"}
     return lambda n: (_train(cfg), _env({**slurm, "SLURM_NODEID": str(n), "SLURM_PROCID": str(n)}))
 
 
@@ -259,15 +262,6 @@ def _live(pids: list[int]) -> list[int]:
     return out
 
 
-def _wait_file(path: Path, started: _Started, keys: list, wall: float) -> None:
-    end = time.monotonic() + wall
-    while not path.exists():
-        assert all(started.procs[k][0].poll() is None for k in keys), \
-            f"a node ended before {path} appeared:\n{started.tails()}"
-        assert time.monotonic() < end, f"{path} did not appear within {wall:g} s:\n{started.tails()}"
-        time.sleep(0.1)
-
-
 def _kind(cmd: bytes, cfg: Path) -> str:
     """What a process of the job is: its `hal train`, torchrun, or a rank (torchrun's child)."""
     if f"hal.cli\0train\0--config\0{cfg}\0".encode() in cmd:
@@ -303,62 +297,78 @@ def _cmd_host(bed, host: int):
     return lambda a, **kw: bed.popen(host, a, **kw)
 
 
-def test_gpt_two_hosts_host_crash_resumes_and_moe_three_hosts_slurm(refs, pair, span, tmp_path):
-    gpt, _ = _run_config(tmp_path, "gpt-pair", freeze=True)
-    moe, _ = _run_config(tmp_path, "moe-span")
-    gpt_node = _by_flags(pair, gpt)
+def _ended(started: _Started, name: str, bed) -> bool:
+    return all(started.procs[(name, n)][0].poll() is not None for n in range(bed.spec.hosts))
+
+
+def _crash_then_span_gpt(started: _Started, pair, span, tmp: Path, gpt: Path, gpt3: Path) -> None:
+    """Bounded wait for two events, in whichever order they come: the `pair` GPT's step-2 checkpoint
+    (host CRASHED crashes, boots, and the same command starts again there) and the end of the `span`
+    MoE (the `span` GPT starts on its hosts)."""
+    ckpt = tmp / "gpt-pair" / "checkpoints" / "step_00000002" / ".complete"
+    crashed = next_started = False
+    end = time.monotonic() + WALL
+    while not (crashed and next_started):
+        if not crashed and ckpt.exists():
+            _crash_host(pair, CRASHED, gpt)
+            started.start(("gpt-pair", "again"), _cmd_host(pair, CRASHED), *_by_flags(pair, gpt)(CRASHED))
+            crashed = True
+        elif not crashed:   # rank 2 freezes in step 3: the run cannot end before the crash
+            assert all(started.procs[("gpt-pair", n)][0].poll() is None for n in range(2)), \
+                f"a gpt-pair node ended before {ckpt} appeared:\n{started.tails()}"
+        if not next_started and _ended(started, "moe-span", span):
+            started.start_nodes("gpt-span", span, _by_flags(span, gpt3))
+            next_started = True
+        assert time.monotonic() < end, f"no step-2 checkpoint or MoE end within {WALL:g} s:\n{started.tails()}"
+        time.sleep(0.1)
+
+
+def test_gpt_two_hosts_host_crash_resumes_and_three_hosts_moe_slurm_then_gpt(refs, pair, span, tmp_path):
+    """`pair`: the tiny GPT by node flags, host 1 crashes after the step-2 checkpoint, resumes. Meanwhile
+    `span`: the tiny MoE under Slurm variables, then the tiny GPT by node flags."""
+    gpt, moe, gpt3 = (_run_config(tmp_path, n, freeze=n == "gpt-pair")[0] for n in ("gpt-pair", "moe-span", "gpt-span"))
     started = _Started(tmp_path)
     try:
-        started.start_nodes("gpt", pair, gpt_node)
-        started.start_nodes("moe", span, _by_slurm(span, moe))
-        # rank 2 freezes in step 3: the step-2 checkpoint is complete, the run cannot end before the crash
-        _wait_file(tmp_path / "gpt-pair" / "checkpoints" / "step_00000002" / ".complete", started,
-                   [("gpt", 0), ("gpt", 1)], WALL)
-        _crash_host(pair, CRASHED, gpt)
-        started.start(("gpt", "again"), _cmd_host(pair, CRASHED), *gpt_node(CRASHED))
-        gpt_results = [started.wait(("gpt", 0)), started.wait(("gpt", "again"))]
-        moe_results = [started.wait(("moe", n)) for n in range(3)]
+        started.start_nodes("gpt-pair", pair, _by_flags(pair, gpt))
+        started.start_nodes("moe-span", span, _by_slurm(span, moe))
+        _crash_then_span_gpt(started, pair, span, tmp_path, gpt, gpt3)
+        moe_results = [started.wait(("moe-span", n)) for n in range(3)]
+        gpt3_results = [started.wait(("gpt-span", n)) for n in range(3)]
+        gpt_results = [started.wait(("gpt-pair", 0)), started.wait(("gpt-pair", "again"))]
     finally:
         started.kill()
         _kill_beds(pair, span)
     summary = _check_same(tmp_path / "gpt-pair", refs("gpt-pair"), gpt_results, 3)
     assert summary["resumed"]["step"] == 2 and len(summary["restarts"]) == 1, summary.get("restarts")
     _check_moe(tmp_path / "moe-span", refs("moe-span"), moe_results, "span")
-
-
-def test_moe_two_hosts_slurm_and_gpt_three_hosts_by_flags(refs, pair, span, tmp_path):
-    moe, _ = _run_config(tmp_path, "moe-pair")
-    gpt, _ = _run_config(tmp_path, "gpt-span")
-    started = _Started(tmp_path)
-    try:
-        started.start_nodes("moe", pair, _by_slurm(pair, moe))
-        started.start_nodes("gpt", span, _by_flags(span, gpt))
-        moe_results = [started.wait(("moe", n)) for n in range(2)]
-        gpt_results = [started.wait(("gpt", n)) for n in range(3)]
-    finally:
-        started.kill()
-        _kill_beds(pair, span)
-    _check_moe(tmp_path / "moe-pair", refs("moe-pair"), moe_results, "pair")
-    summary = _check_same(tmp_path / "gpt-span", refs("gpt-span"), gpt_results, 2)
+    summary = _check_same(tmp_path / "gpt-span", refs("gpt-span"), gpt3_results, 2)
     assert [c["chip"] for c in summary["chips"]] == ["cuda", "cuda", "ascend", "ascend"]
 
 
-def test_unshared_checkpoint_folder_is_the_failing_ranks_one_line(span, tmp_path, capsys):
-    """`hal testbed run` of `hal train` (every host's ranks) where host 1 sees another folder at the
-    checkpoint path: the one line is the rank's SharedFolderError naming node 1, not "exitcode"."""
+def test_moe_two_hosts_slurm_and_unshared_folder_is_the_failing_ranks_one_line(refs, pair, span, tmp_path, capsys):
+    """`pair`: the tiny MoE under Slurm variables. Meanwhile `span`: `hal testbed run` of `hal train`
+    (every host's ranks) where host 1 sees another folder at the checkpoint path: the one line is the
+    rank's SharedFolderError naming node 1, not "exitcode"."""
     from hal.cli.testbed import _report
+    moe, _ = _run_config(tmp_path, "moe-pair")
     cfg = _config(tmp_path, "unshared", "tiny", 'emulate = "cuda:2,ascend:2"', 2)
     ck = tmp_path / "unshared" / "checkpoints"
     ck.mkdir(parents=True)
+    started = _Started(tmp_path)
     r = span.run(1, ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(ck)])  # host 1's mounts only
     assert r.returncode == 0, r.stderr
     try:
+        started.start_nodes("moe-pair", pair, _by_slurm(pair, moe))
         job = launch(span, ["-m", "hal.cli", "train", "--config", str(cfg)], cwd=str(ROOT),
                      env={"HAL_TRAIN_PLAIN": "1", "HAL_SHARED_DIR_WAIT_S": "2"})
         code = _report(job.wait(WALL, stop_after_failure=10.0), WALL)
+        moe_results = [started.wait(("moe-pair", n)) for n in range(2)]
     finally:
         span.run(1, ["umount", "-l", str(ck)])
+        started.kill()
+        _kill_beds(pair)
     err = capsys.readouterr().err
     first = [ln for ln in err.splitlines() if "first failing rank" in ln]
     assert code != 0 and len(first) == 1 and "exitcode" not in first[0], err
     assert "SharedFolderError" in first[0] and "node 1 (" in first[0] and "cannot see the marker" in first[0], first
+    _check_moe(tmp_path / "moe-pair", refs("moe-pair"), moe_results, "pair")
