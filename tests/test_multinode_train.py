@@ -366,7 +366,7 @@ def test_moe_two_hosts_slurm_and_unshared_folder_is_the_failing_ranks_one_line(r
     finally:
         span.run(1, ["umount", "-l", str(ck)])
         started.kill()
-        _kill_beds(pair)
+        _kill_beds(pair, span)
     err = capsys.readouterr().err
     first = [ln for ln in err.splitlines() if "first failing rank" in ln]
     assert code != 0 and len(first) == 1 and "exitcode" not in first[0], err

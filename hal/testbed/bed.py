@@ -335,7 +335,8 @@ class Testbed:
         What stays is the host's kernel side, which this machine shares: its network namespace, NICs,
         addresses and routes, and the kernel closes the dead processes' sockets (FIN/RST to the peers,
         as after a process crash; pull the host's cables first, `link_down`, for the silence of a power
-        loss). `boot_host` starts the host again."""
+        loss: the peers hear from the host again only once the cables are back). `boot_host` starts the
+        host again."""
         pid = self._init(host)
         members = [pid, *self.processes(host)]
         os.kill(pid, signal.SIGKILL)
