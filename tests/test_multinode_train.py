@@ -93,9 +93,9 @@ plots = false
     return cfg
 
 
-def _run_config(tmp: Path, name: str, freeze: bool = False) -> tuple[Path, int]:
-    """The config of run `name` = "<gpt|moe>-<pair|span>" and its step count. The GPT on `pair` runs 3
-    steps (the crash comes in step 3, after the step-2 checkpoint); the others 2."""
+def _run_config(tmp: Path, name: str, freeze: bool = False) -> Path:
+    """The config of run `name` = "<gpt|moe>-<pair|span>". The GPT on `pair` runs 3 steps (the crash
+    comes in step 3, after the step-2 checkpoint); the others 2."""
     model, layout = name.split("-")
     if layout == "span":
         spec = tmp / "span.toml"
@@ -107,7 +107,7 @@ def _run_config(tmp: Path, name: str, freeze: bool = False) -> tuple[Path, int]:
     extra = '[plan]\nsource = "even"\nep = true\n' if model == "moe" else ""
     if freeze:
         extra += '[[debug.faults]]\naction = "freeze"\nrank = 2\nstep = 3\nseconds = 100.0\n'
-    return _config(tmp, name, "tiny" if model == "gpt" else "tiny-moe", cluster, steps, extra), steps
+    return _config(tmp, name, "tiny" if model == "gpt" else "tiny-moe", cluster, steps, extra)
 
 
 def _env(extra: dict | None = None) -> dict:
@@ -191,7 +191,7 @@ def refs(tmp_path_factory):
     started = _Started(tmp)
     env = {k: v for k, v in _env().items() if k != "GLOO_SOCKET_IFNAME"}
     for name in REFS:
-        started.start(name, subprocess.Popen, _train(_run_config(tmp, name)[0]), env)
+        started.start(name, subprocess.Popen, _train(_run_config(tmp, name)), env)
 
     def get(name: str) -> Path:
         code, out = started.wait(name)
@@ -326,7 +326,7 @@ def _crash_then_span_gpt(started: _Started, pair, span, tmp: Path, gpt: Path, gp
 def test_gpt_two_hosts_host_crash_resumes_and_three_hosts_moe_slurm_then_gpt(refs, pair, span, tmp_path):
     """`pair`: the tiny GPT by node flags, host 1 crashes after the step-2 checkpoint, resumes. Meanwhile
     `span`: the tiny MoE under Slurm variables, then the tiny GPT by node flags."""
-    gpt, moe, gpt3 = (_run_config(tmp_path, n, freeze=n == "gpt-pair")[0] for n in ("gpt-pair", "moe-span", "gpt-span"))
+    gpt, moe, gpt3 = (_run_config(tmp_path, n, freeze=n == "gpt-pair") for n in ("gpt-pair", "moe-span", "gpt-span"))
     started = _Started(tmp_path)
     try:
         started.start_nodes("gpt-pair", pair, _by_flags(pair, gpt))
@@ -350,7 +350,7 @@ def test_moe_two_hosts_slurm_and_unshared_folder_is_the_failing_ranks_one_line(r
     (every host's ranks) where host 1 sees another folder at the checkpoint path: the one line is the
     rank's SharedFolderError naming node 1, not "exitcode"."""
     from hal.cli.testbed import _report
-    moe, _ = _run_config(tmp_path, "moe-pair")
+    moe = _run_config(tmp_path, "moe-pair")
     cfg = _config(tmp_path, "unshared", "tiny", 'emulate = "cuda:2,ascend:2"', 2)
     ck = tmp_path / "unshared" / "checkpoints"
     ck.mkdir(parents=True)
