@@ -115,58 +115,59 @@ class ChainPass:
 
     def _replay(self, r: int, fwd_send: list[float]) -> list[tuple[list[float], list[float], list[float]]]:
         """Chain r: every rank group's actions settled in order; per rank group (start_f, start_b,
-        done_b) per micro-batch. fwd_send[k]: seconds of a send between stage k and k + 1."""
+        done_b) per micro-batch. fwd_send[k]: seconds of a send between stage k and k + 1. Ends of
+        F and I are kept per (stage, micro-batch) in flat lists (-1: not settled yet)."""
         p, m, S = self.p, self.m, 2 * self.p
-        orders = [zbv_rank_order(s, p, m) for s in range(p)]
-        durs = [self._durations(s, r) for s in range(p)]
-        done: dict[tuple[str, int, int], float] = {}
+        code = {"F": 0, "I": 1, "W": 2}
+        queues = []
+        for s in range(p):
+            durs = self._durations(s, r)
+            queues.append([(code[kind], k, j, durs[kind, k][j]) for kind, k, j in zbv_rank_order(s, p, m)])
+        end_f, end_i = [-1.0] * (S * m), [-1.0] * (S * m)
         pos, free = [0] * p, [0.0] * p
         out = [([0.0] * m, [0.0] * m, [0.0] * m) for _ in range(p)]
-        left = sum(len(o) for o in orders)
+        left = sum(len(q) for q in queues)
         while left:
             moved = 0
             for s in range(p):
-                while pos[s] < len(orders[s]):
-                    kind, k, j = act = orders[s][pos[s]]
-                    ready = self._ready(kind, k, j, S, done, fwd_send)
-                    if ready is None:
+                q, at, fr = queues[s], pos[s], free[s]
+                start_f, start_b, done_b = out[s]
+                while at < len(q):
+                    kind, k, j, d = q[at]
+                    x = k * m + j
+                    if kind == 0:         # F: the previous stage's F of j and its send
+                        ready = 0.0 if k == 0 else end_f[x - m] + fwd_send[k - 1] if end_f[x - m] >= 0 else -1.0
+                    elif kind == 1 and k == S - 1:    # I of the last stage: its own F (earlier here)
+                        ready = end_f[x]
+                    elif kind == 1:       # I: its own F, and the next stage's I of j and its send
+                        ready = -1.0 if end_i[x + m] < 0 else max(end_f[x], end_i[x + m] + fwd_send[k])
+                    else:                 # W: its own I (earlier on this rank group: settled)
+                        ready = end_i[x]
+                    if ready < 0:
                         break
-                    t0 = max(free[s], ready)
-                    t1 = done[act] = free[s] = t0 + durs[s][kind, k][j]
-                    pos[s] += 1
-                    moved += 1
-                    self._record(out[s], s, r, act, t0, t1)
+                    t0 = fr if fr > ready else ready
+                    fr = t1 = t0 + d
+                    if kind == 0:
+                        end_f[x] = t1
+                        if k == s:        # chunk 0's forward: the group's first of micro-batch j
+                            start_f[j] = t0
+                    elif kind == 1:
+                        end_i[x] = t1
+                    elif t1 >= done_b[j]:
+                        start_b[j], done_b[j] = t0, t1
+                    if self.trace:
+                        self._trace(s, r, "FIW"[kind], k, j, t0, t1)
+                    at += 1
+                moved += at - pos[s]
+                pos[s], free[s] = at, fr
             if not moved:
                 raise RuntimeError(f"ZBV simulation of chain {r} deadlocked with {left} actions left "
                                    f"(rank groups at actions {pos})")
             left -= moved
         return out
 
-    @staticmethod
-    def _ready(kind: str, k: int, j: int, S: int, done: dict, fwd_send: list[float]):
-        """When action (kind, k, j)'s inputs are there, or None when one is not yet settled."""
-        if kind == "F":
-            if k == 0:
-                return 0.0
-            t = done.get(("F", k - 1, j))
-            return None if t is None else t + fwd_send[k - 1]
-        if kind == "W":
-            return done.get(("I", k, j))
-        t = done.get(("F", k, j))
-        if t is None or k == S - 1:
-            return t
-        g = done.get(("I", k + 1, j))
-        return None if g is None else max(t, g + fwd_send[k])
-
-    def _record(self, out: tuple, s: int, r: int, act: tuple, t0: float, t1: float) -> None:
-        kind, k, j = act
-        start_f, start_b, done_b = out
-        if kind == "F" and k == s:          # chunk 0's forward: the group's first of micro-batch j
-            start_f[j] = t0
-        if kind == "W" and t1 >= done_b[j]:
-            start_b[j], done_b[j] = t0, t1
-        if self.trace:
-            rep = self.layout.stages[s].reps[r]
-            self.events.append({"name": f"{kind}{j}@{k}", "ph": "X", "ts": t0 * 1e6, "dur": (t1 - t0) * 1e6,
-                                "pid": s, "tid": r, "args": {"ranks": list(rep.ranks), "chip": rep.facts.name,
-                                                             "stage": k, "microbatch_rows": rep.mb}})
+    def _trace(self, s: int, r: int, kind: str, k: int, j: int, t0: float, t1: float) -> None:
+        rep = self.layout.stages[s].reps[r]
+        self.events.append({"name": f"{kind}{j}@{k}", "ph": "X", "ts": t0 * 1e6, "dur": (t1 - t0) * 1e6,
+                            "pid": s, "tid": r, "args": {"ranks": list(rep.ranks), "chip": rep.facts.name,
+                                                         "stage": k, "microbatch_rows": rep.mb}})

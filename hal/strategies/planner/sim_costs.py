@@ -139,12 +139,14 @@ def op_queues(layout: Layout, model: ModelFacts, costs: list[list[ReplicaCost]])
             c = costs[s][r]
             key = (s, id(c), id(rep.facts), len(rep.ranks), ddp_in[s][r])
             if key not in memo:
+                # FSDP2's copies depend on j only through j == 0 and j == m - 1 (fsdp_copy_bytes)
+                fs = {(kind, j): fsdp_copies(s, r, kind, j) if layout.zero >= 1 else 0.0
+                      for kind in "FB" for j in {0, min(1, m - 1), m - 1}}
                 ops = []
                 for kind, j in order:
                     d = c.fwd if kind == "F" else c.bwd + (c.grad_acc if j else 0.0)
                     ddp = ddp_in[s][r] if kind == "B" and j == m - 1 else 0.0
-                    fs = fsdp_copies(s, r, kind, j) if layout.zero >= 1 else 0.0
-                    ops.append((kind == "F", j, d, ddp, fs))
+                    ops.append((kind == "F", j, d, ddp, fs[kind, j if j in (0, m - 1) else min(1, m - 1)]))
                 memo[key] = ops
             row.append(memo[key])
         queues.append(row)
