@@ -138,8 +138,24 @@ def _mfu(row_kw: dict, mfu: float, peak: float) -> Row:
 
 LLAMA405 = dict(name="llama3-405b", layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=128256,
                 seq=8192)
+# which attention kernel the 26.02 container ran for GPT-OSS (issue 25): the fused one, not Megatron-Core's unfused core
+OSS_ATTENTION = ("the 26.02 container ran it (docs/releases/software-versions.md at Bridge v0.3.0: TE 2.12, cuDNN "
+                 "9.18.0.50, MCore 0.16): GPTOSSProvider sets softmax_type 'learnable' and window_size (128, 0) and "
+                 "falls back to MCore's local (unfused) core only below TE 2.8; attention_backend stays auto (the "
+                 "perf scripts set none); TE 2.12's get_attention_backend (dot_product_attention/utils.py at "
+                 "5671fd3675, Bridge's pinned TE) disables FlashAttention for a non-vanilla softmax and keeps "
+                 "FusedAttention, whose cuDNN sub-backend F16_arbitrary_seqlen takes sinks from cuDNN 9.13.1 and "
+                 "a (W, 0) causal window from 9.2 (common/fused_attn/fused_attn.cpp); so cuDNN's fused kernel, "
+                 "sinks and window included. That kernel skips the tiles outside the window (cudnn-frontend's "
+                 "SDPA benchmark, H200, cuDNN 9.19.1, GPT-OSS heads 64/8 x 64 at W = 1024: time linear in s, "
+                 "results/h200_919_only_cudnn/gpt_oss_20260227_034819.csv at df73764adb; 9.18 itself not "
+                 "measured): windowed layers priced at their share of a causal layer's work "
+                 "(cost.attention_work_share)")
+# windows as Megatron-Bridge v0.3.0's GPTOSSProvider states them (window_size (128, 0), window_attn_skip_freq 2:
+# Megatron-Core's is_layer_window_attention at b0cc2706dd windows the odd 1-indexed layers, HF's layer_types order)
 GPT_OSS = dict(name="gpt-oss-120b", layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880,
-               vocab=201088, seq=4096, experts=128, top_k=4)
+               vocab=201088, seq=4096, experts=128, top_k=4, sliding_window=128,
+               layer_types=("sliding_attention", "full_attention") * 18)
 
 
 # Llama 3 section 3.3.2: "we reduce one Transformer layer each from the first and the last stages ... the first
@@ -236,17 +252,19 @@ def rows() -> list[Row]:
     oss = _gqa(**GPT_OSS)
     out.append(Row("gpt-oss-120b", oss, "H100", 64, 1, 4, 1280, 1, "none", 5993 * 64, "5993 tokens/s/GPU", BRIDGE,
                    ep=8, zero=1, megatron_p2p=True,
-                   assumed="the recipe's selective recompute of layernorm and the MoE activation, the "
-                           "sliding-window layers and attention sinks not modelled (full causal attention)",
+                   assumed="the recipe's selective recompute of layernorm and the MoE activation not modelled; "
+                           "the attention kernel as " + OSS_ATTENTION,
                    moved="moved by the recipe's distributed optimizer (ZeRO 1, expert state sharded over the "
                          "expert-DP pair: the layout fits, 48-61 GB of 74 per stage; it was 70-91 GB at ZeRO 0), the MoE "
-                         "activation term (+70.1% -> +67.2% at this commit), Megatron-Core's synchronous p2p (batch_p2p_sync, "
-                         "the non-interleaved default: -1 point); still over: no mechanism found with a source "
-                         "figure for the rest. Unpriced: the sliding-window (128) half of the layers and causal "
-                         "masking (pricing them would RAISE the prediction: the attention core is ~15% of the "
-                         "last stage's modelled time), the recompute of layernorm + moe_act (~1%), grouped-GEMM "
-                         "efficiency of 16 local experts at M = 1024 rows, attention-sink kernels, host syncs of "
-                         "the alltoall dispatcher"))
+                         "activation term (+70.1% -> +67.2%), Megatron-Core's synchronous p2p (batch_p2p_sync, "
+                         "the non-interleaved default: -1 point), the sliding-window layers priced as the fused "
+                         "kernel that ran skips the tiles outside the window (+67.2% -> +80.0%: AWAY from the "
+                         "published step; the attention core of the 18 full layers is still charged the full s x s "
+                         "count at the matrix's attention fraction, which a causal kernel halves); still over: no "
+                         "mechanism found with a source figure for the rest. Unpriced: the recompute of layernorm "
+                         "+ moe_act (~1%), grouped-GEMM efficiency of 16 local experts at M = 1024 rows, the sink "
+                         "term's cost in cuDNN's kernel (no figure found), W = 128 under the kernel's tile size (at "
+                         "most one more tile per query block: < 1 point), host syncs of the alltoall dispatcher"))
     return out
 
 

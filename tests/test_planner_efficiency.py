@@ -246,3 +246,34 @@ def test_moe_step_grows_by_the_router_and_dispatch_bytes_over_memory_bandwidth(m
     assert with_.bwd - without.bwd == pytest.approx(want, rel=1e-9)
     monkeypatch.undo()
     assert cost.moe_dispatch_bytes(ModelFacts(SMALL), mb, None, None) == 0.0      # dense: no such pass
+
+
+def test_sliding_window_layers_charge_only_the_windows_share_of_a_fused_attention_core():
+    # ModelConfig.sliding_window / layer_types (HF's names): a fused kernel that skips the tiles outside the
+    # window does W(W+1)/2 + (S-W)W of a causal layer's S(S+1)/2 score elements on a windowed layer; the
+    # unfused core computes all of s x s, so it saves nothing; the rest of the block is priced as before
+    from hal.strategies.models.config import ModelConfigError
+    from hal.strategies.models.gpt import Attention
+    from hal.strategies.models.hf_map import HFConfigError, config_to_hf
+    from hal.strategies.planner.cost import _block_seconds, attention_work_share
+    windowed = MID.model_copy(update=dict(sliding_window=128, layer_types=("sliding_attention", "full_attention") * 8))
+    windowed = ModelConfig(**windowed.model_dump())
+    s, w = MID.seq, 128
+    share = (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2)
+    assert windowed.windowed_layers() == 8 and attention_work_share(MID) == 1.0
+    assert attention_work_share(windowed) == pytest.approx((8 * share + 8) / 16)
+    f = _facts(("h", "cuda", "H100", 1, 8))[0][0]
+    for fused in (True, False):
+        full_s, full_a = _block_seconds(ModelFacts(MID, fused_attention=fused), f, 2, 1)
+        win_s, win_a = _block_seconds(ModelFacts(windowed, fused_attention=fused), f, 2, 1)
+        want = full_a * attention_work_share(windowed) if fused else full_a
+        assert win_a == pytest.approx(want) and full_s - win_s == pytest.approx(full_a - win_a)
+    with pytest.raises(ModelConfigError, match="layer_types.*16 entries for layers = 8"):
+        ModelConfig(**{**windowed.model_dump(), "layers": 8})
+    with pytest.raises(ModelConfigError, match="sliding_window is not set"):
+        ModelConfig(**{**windowed.model_dump(), "sliding_window": None})
+    tiny = ModelConfig(name="t", layers=1, hidden=16, heads=2, ffn=32, vocab=8, seq=8, sliding_window=4)
+    with pytest.raises(ModelConfigError, match="sliding_window = 4"):
+        Attention(tiny)      # hal's decoder attends over the whole prefix: it refuses, never ignores, a window
+    with pytest.raises(HFConfigError, match="sliding_window"):
+        config_to_hf(tiny)

@@ -104,6 +104,13 @@ class ModelConfig(FieldErrorModel):
     moe_aux_loss_coef: float = Field(default=0.01, ge=0)
     rope_theta: float = Field(default=10000.0, gt=0)
     norm_eps: float = Field(default=1e-6, gt=0)
+    # sliding-window attention, as HF configs state it (GPT-OSS, Mistral): a costing fact for the planner;
+    # hal's own decoder (gpt.py) runs full causal attention and refuses a config that sets a window
+    sliding_window: Optional[int] = Field(default=None, ge=1,
+                                          description="keys a query sees (itself and the window - 1 before "
+                                                      "it) on windowed layers; None = full causal attention")
+    layer_types: Optional[tuple[Literal["full_attention", "sliding_attention"], ...]] = Field(
+        default=None, description="per layer, HF's names; None with sliding_window = every layer windowed")
 
     _derived: frozenset = PrivateAttr(default=frozenset())
 
@@ -134,8 +141,25 @@ class ModelConfig(FieldErrorModel):
                                    f"({self.heads} % {self.kv_heads} = {self.heads % self.kv_heads}); each K/V "
                                    f"head serves heads / kv_heads query heads")
         self._check_moe(derived)
+        self._check_window()
         self._derived = frozenset(derived)
         return self
+
+    def _check_window(self) -> None:
+        if self.layer_types is None:
+            return
+        if len(self.layer_types) != self.layers:
+            raise ModelConfigError("layer_types", list(self.layer_types), f"has {len(self.layer_types)} entries "
+                                   f"for layers = {self.layers} (one per layer)")
+        if "sliding_attention" in self.layer_types and self.sliding_window is None:
+            raise ModelConfigError("layer_types", list(self.layer_types), "names sliding_attention layers but "
+                                   "sliding_window is not set")
+
+    def windowed_layers(self) -> int:
+        """How many layers attend through the sliding window (0 without one)."""
+        if self.sliding_window is None:
+            return 0
+        return self.layers if self.layer_types is None else self.layer_types.count("sliding_attention")
 
     def _check_moe(self, derived: set) -> None:
         if self.experts and self.top_k > self.experts:

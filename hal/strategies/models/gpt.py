@@ -95,6 +95,9 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        if cfg.windowed_layers():   # a planner costing fact only; this decoder attends over the whole prefix
+            raise ModelConfigError("sliding_window", cfg.sliding_window, "sliding-window attention is not "
+                                   "implemented in hal's decoder (full causal attention only)")
         h, bias = cfg.hidden, cfg.qkv_bias
         self.head_dim = cfg.head_dim
         self.wq = HalLinear(h, cfg.q_dim, bias=bias)

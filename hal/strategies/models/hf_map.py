@@ -194,6 +194,8 @@ def hf_model_type(cfg: ModelConfig) -> str:
     """The HF model_type that holds `cfg` exactly; HFConfigError naming our field when none does."""
     def no(field: str, why: str):
         return HFConfigError(field, getattr(cfg, field), f"no supported Hugging Face family has this {why}")
+    if cfg.windowed_layers():
+        raise no("sliding_window", "(sliding-window attention is not exported)")
     if cfg.is_moe:
         if cfg.shared_experts:
             if not cfg.shared_expert_gate:

@@ -19,6 +19,9 @@ Conventions (each a stated assumption, printed in docs/planner.md):
     memory-bound passes (moe_dispatch_bytes), charged forward and again backward; the EP all_to_all
     is never overlapped (apply_plan's, and Megatron-Core's without its opt-in EP overlap).
   - other runtimes, for published runs: ModelFacts(sequence_parallel=, fused_attention=, vocab_parallel=).
+  - sliding-window layers (ModelConfig.sliding_window / layer_types): a fused kernel's attention core does
+    only the window's share of a causal layer's work (attention_work_share); the model FLOPs (MFU, the
+    bound) keep the full 4 s h count, the convention published runs report in.
   - collectives use the ring / hierarchical formulas of nccl-tests and the bridge (hal.collectives'
     busbw factors): all_reduce moves 2(n-1)/n of the buffer per rank.
 """
@@ -105,6 +108,9 @@ class ModelFacts:
         # query and key/value projection widths (GQA: kv < q); without GQA fields both are hidden
         self.q_dim = int(getattr(cfg, "q_dim", cfg.hidden))
         self.kv_dim = int(getattr(cfg, "kv_dim", cfg.hidden))
+        # the attention core's work per layer as a share of a full causal layer's (sliding-window layers;
+        # fused kernels only: the unfused core computes the whole s x s score matrix before masking it)
+        self.attention_share = attention_work_share(cfg) if fused_attention else 1.0
         self._act = {}
 
     @classmethod
@@ -389,6 +395,21 @@ def moe_dispatch_bytes(m: ModelFacts, mb: int, experts_local: Optional[int],
     return router + moved
 
 
+def attention_work_share(cfg) -> float:
+    """The attention core's work, mean over layers, as a share of full causal attention's, for a fused kernel
+    that skips the score tiles outside a sliding window: a query at position i sees min(i + 1, W) keys, so a
+    windowed layer computes W(W + 1)/2 + (S - W) W of the S(S + 1)/2 causal score elements (the count
+    cuDNN's SDPA benchmark rates its sliding-window kernel on; its H200 run with cuDNN 9.19.1 takes time
+    linear in S at W = 1024: cudnn-frontend benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/
+    gpt_oss_20260227_034819.csv at df73764adb). The layers of a pipeline stage are priced at this mean."""
+    windowed = cfg.windowed_layers() if hasattr(cfg, "windowed_layers") else 0
+    if not windowed:
+        return 1.0
+    w, s = min(cfg.sliding_window, cfg.seq), cfg.seq
+    share = (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2)
+    return (windowed * share + cfg.layers - windowed) / cfg.layers
+
+
 def _rate(f: ChipFacts, mm: float, n: float, k: float) -> float:
     """FLOP/s of an (m, n, k) GEMM on chip `f`: its matrix's fraction x peak (no matrix: the best rate)."""
     return f.peak * f.matrix.gemm_fraction(mm, n, k) if f.matrix is not None else f.flops
@@ -417,7 +438,7 @@ def _block_seconds(m: ModelFacts, f: ChipFacts, tp: int, mb: int) -> tuple[float
     attn_rate = f.peak * f.matrix.attention if f.matrix is not None else f.flops
     if not m.fused_attention:      # QK^T (s, s, d) and AV (s, d, s) per head: the same GEMM fraction
         attn_rate = _rate(f, m.seq, m.seq, m.q_dim / m.heads)
-    attn = attn_fl / attn_rate
+    attn = attn_fl * m.attention_share / attn_rate
     secs = sum(2 * a * b * c / _rate(f, a, b, c) for a, b, c in shapes) + attn + \
         max(0.0, total - gemm_fl - attn_fl) / f.flops
     if len(_BLOCK) > 100_000:
