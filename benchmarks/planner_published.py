@@ -289,6 +289,11 @@ def authors_layout(row: Row, f, node_of):
                   virtual=row.virtual)
     layout = materialize(shape, node_of)
     if row.chunks:
+        bad = [s for s, (c, n) in enumerate(zip(row.chunks, counts)) if sum(c) != n or len(c) != row.virtual]
+        if len(row.chunks) != row.pp or bad:
+            raise ValueError(f"{row.name}: chunks = {row.chunks} must give {row.pp} rank groups {row.virtual} "
+                             f"chunks each, summing to their layers {counts} (first mismatch: rank group "
+                             f"{bad[0] if bad else row.pp})")
         layout.chunks = [tuple(c) for c in row.chunks]
     return layout
 
