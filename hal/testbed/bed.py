@@ -293,9 +293,12 @@ class Testbed:
         kw.setdefault("text", True)
         return subprocess.run(self.host_argv(host, argv), timeout=timeout, **kw)
 
-    def _init(self, host: int) -> int:
+    def _check_host(self, host: int) -> None:
         if not 0 <= host < self.spec.hosts:
             raise TestbedSpecError(f"host={host}: the bed has hosts 0..{self.spec.hosts - 1}")
+
+    def _init(self, host: int) -> int:
+        self._check_host(host)
         pid = self.init_pids[host]
         if not pid or not _alive(pid):
             raise TestbedSetupError(f"host {host} of bed {self.name} is not running (killed, or the bed is down)")
@@ -320,6 +323,7 @@ class Testbed:
     def processes(self, host: int) -> list[int]:
         """Pids (as this namespace sees them) of every process in the host's pid namespace but its init
         ([] when the host is not running)."""
+        self._check_host(host)
         init = self.init_pids[host]
         if not init or not _alive(init):
             return []
@@ -363,8 +367,7 @@ class Testbed:
         """Start a killed host again, as a machine reboots: a fresh init (new pid namespace, empty private
         /dev/shm, the same hostname) in the host's network namespace, whose NICs, addresses, routes and
         shaping stayed. Raises TestbedSetupError when the host still runs or the bed is down."""
-        if not 0 <= host < self.spec.hosts:
-            raise TestbedSpecError(f"host={host}: the bed has hosts 0..{self.spec.hosts - 1}")
+        self._check_host(host)
         pid = self.init_pids[host]
         if pid and _alive(pid):
             raise TestbedSetupError(f"boot_host({host}): host {host} of bed {self.name} still runs (init pid {pid}); "
