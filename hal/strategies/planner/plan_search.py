@@ -98,8 +98,10 @@ class SearchResult:
 
 def bound_tokens_per_s(facts: Sequence[ChipFacts], model: ModelFacts) -> float:
     """(b)'s reference: the cluster's best sustained FLOP/s (each chip at its matrix's best fraction of
-    peak) over the model's training FLOPs per token (no recompute)."""
-    return sum(f.size * f.flops for f in facts) * model.seq / model.step_flops_per_sample()
+    peak) over the model's training FLOPs per token (no recompute), attention's at what a fused causal
+    kernel really does of them (cost.bound_flops_per_sample), so that no plan exceeds it."""
+    from .cost import bound_flops_per_sample
+    return sum(f.size * f.flops for f in facts) * model.seq / bound_flops_per_sample(facts, model)
 
 
 def _groups(f: ChipFacts, t: int) -> list[tuple[int, ...]]:
@@ -149,13 +151,14 @@ def materialize(shape: Shape, node_of=None, schedule: Union[Schedule, str] = Sch
 
 def finalize(cands: list[Candidate], model: ModelFacts, keep: int, node_of=None) -> list[Candidate]:
     """The `keep` best-estimated candidates given ranks and simulated, those that fit first, by
-    simulated step time (all of them when none fits). ZBVZeroBubble candidates are ranked apart, `keep`
-    of them besides: their closed form is another formula than 1F1B's, and they must not push out of
+    simulated step time (all of them when none fits). ZBVZeroBubble candidates are ranked apart, half
+    as many besides: their closed form is another formula than 1F1B's, and they must not push out of
     the finalists a layout the search would have simulated without them (with one list the
     published-run benchmark's llama3-405b-8192 pick fell 1.3%)."""
     zbv = [c for c in cands if getattr(c.layout, "schedule", None) == Schedule.ZBV_ZERO_BUBBLE]
     rest = [c for c in cands if getattr(c.layout, "schedule", None) != Schedule.ZBV_ZERO_BUBBLE]
-    cands = sorted(rest, key=lambda c: c.estimate_s)[:keep] + sorted(zbv, key=lambda c: c.estimate_s)[:keep]
+    cands = sorted(rest, key=lambda c: c.estimate_s)[:keep] + \
+        sorted(zbv, key=lambda c: c.estimate_s)[:max(1, keep // 2)]
     placed = []
     for c in cands:
         try:
