@@ -105,7 +105,8 @@ def test_compute_time_is_flops_over_achieved_rate():
     # fraction) and the memory-bound ops (2 x activation bytes at the memory bandwidth), the memory of
     # no recompute (a fused kernel keeps no scores either way)
     sel = replica_cost(m, facts[0], 1, 1, False, False, 1, "selective", 0, 1, 1)
-    attn = 4 * SMALL.seq * SMALL.hidden * SMALL.seq / (facts[0].peak * facts[0].matrix.attention)
+    attn = 4 * SMALL.seq * SMALL.hidden * SMALL.seq * (SMALL.seq + 1) / (2 * SMALL.seq) / \
+        (facts[0].peak * facts[0].matrix.attention)       # a fused causal core: s(s+1)/2 of the s^2 elements
     elementwise = 2 * m.act_bytes(1, False) / facts[0].memory_bw
     assert sel.bwd == pytest.approx(c1.bwd + attn + elementwise) and sel.memory == c1.memory
 

@@ -250,8 +250,9 @@ def test_moe_step_grows_by_the_router_and_dispatch_bytes_over_memory_bandwidth(m
 
 def test_sliding_window_layers_charge_only_the_windows_share_of_a_fused_attention_core():
     # ModelConfig.sliding_window / layer_types (HF's names): a fused kernel that skips the tiles outside the
-    # window does W(W+1)/2 + (S-W)W of a causal layer's S(S+1)/2 score elements on a windowed layer; the
-    # unfused core computes all of s x s, so it saves nothing; the rest of the block is priced as before
+    # window does W(W+1)/2 + (S-W)W of the S^2 score elements the model FLOPs count on a windowed layer, a
+    # causal one S(S+1)/2; the unfused core computes all of s x s, so it saves nothing; the rest of the
+    # block is priced as before
     from hal.strategies.models.config import ModelConfigError
     from hal.strategies.models.gpt import Attention
     from hal.strategies.models.hf_map import HFConfigError, config_to_hf
@@ -259,14 +260,14 @@ def test_sliding_window_layers_charge_only_the_windows_share_of_a_fused_attentio
     windowed = MID.model_copy(update=dict(sliding_window=128, layer_types=("sliding_attention", "full_attention") * 8))
     windowed = ModelConfig(**windowed.model_dump())
     s, w = MID.seq, 128
-    share = (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2)
-    assert windowed.windowed_layers() == 8 and attention_work_share(MID) == 1.0
-    assert attention_work_share(windowed) == pytest.approx((8 * share + 8) / 16)
+    share, causal = (w * (w + 1) / 2 + (s - w) * w) / s ** 2, (s + 1) / (2 * s)
+    assert windowed.windowed_layers() == 8 and attention_work_share(MID) == pytest.approx(causal)
+    assert attention_work_share(windowed) == pytest.approx((8 * share + 8 * causal) / 16)
     f = _facts(("h", "cuda", "H100", 1, 8))[0][0]
     for fused in (True, False):
         full_s, full_a = _block_seconds(ModelFacts(MID, fused_attention=fused), f, 2, 1)
         win_s, win_a = _block_seconds(ModelFacts(windowed, fused_attention=fused), f, 2, 1)
-        want = full_a * attention_work_share(windowed) if fused else full_a
+        want = full_a * attention_work_share(windowed) / attention_work_share(MID) if fused else full_a
         assert win_a == pytest.approx(want) and full_s - win_s == pytest.approx(full_a - win_a)
     with pytest.raises(ModelConfigError, match="layer_types.*16 entries for layers = 8"):
         ModelConfig(**{**windowed.model_dump(), "layers": 8})
@@ -277,3 +278,29 @@ def test_sliding_window_layers_charge_only_the_windows_share_of_a_fused_attentio
         Attention(tiny)      # hal's decoder attends over the whole prefix: it refuses, never ignores, a window
     with pytest.raises(HFConfigError, match="sliding_window"):
         config_to_hf(tiny)
+
+
+def test_a_fused_causal_core_is_charged_its_half_and_the_bound_still_holds():
+    # FlashAttention's benchmarks rate a causal run on s(s+1)/2 of the s^2 score elements (the count the
+    # matrix's `attention` fraction is measured on): the fused core costs that share of the 4 s h count at the
+    # attention fraction; the unfused core computes and masks all of s x s (its two GEMMs at their fraction)
+    from hal.strategies.planner.cost import _block_seconds
+    f = _facts(("h", "cuda", "H100", 1, 8))[0][0]
+    s, q = MID.seq, MID.hidden
+    full = 4 * s * q * s / 2                                   # one sample's forward on one of 2 TP ranks
+    fused = _block_seconds(ModelFacts(MID), f, 2, 1)[1]
+    unfused = _block_seconds(ModelFacts(MID, fused_attention=False), f, 2, 1)[1]
+    assert fused == pytest.approx(full * (s + 1) / (2 * s) / (f.peak * f.matrix.attention))
+    assert unfused == pytest.approx(full / (f.peak * f.matrix.gemm_fraction(s, s, q / MID.heads)))
+    # per counted FLOP the fused causal core (0.5 / about 0.5 of the count) beats the best GEMM fraction (0.80):
+    # an attention-bound model's plan outruns "all model FLOPs at the best rate", and (b) must price
+    # attention's count at the fused rate to stay a bound
+    long = ModelConfig(name="long", layers=2, hidden=512, heads=4, ffn=1408, vocab=1024, seq=32768)
+    facts, node_of = _facts(("h", "cuda", "H100", 1, 1))
+    m = ModelFacts(long)
+    res = search(facts, m, 8, node_of=node_of)
+    at_best = sum(x.size * x.flops for x in facts) * m.seq / m.step_flops_per_sample()
+    assert at_best < res.best.sim.tokens_per_s < bound_tokens_per_s(facts, m) == res.bound_tokens_per_s
+    unfused_m = ModelFacts(long, fused_attention=False)        # no saving: the bound is the count at the best rate
+    assert bound_tokens_per_s(facts, unfused_m) == pytest.approx(at_best)
+    assert search(facts, unfused_m, 8, node_of=node_of).best.sim.tokens_per_s < at_best

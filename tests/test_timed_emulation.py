@@ -131,12 +131,33 @@ def test_charged_op_times_follow_the_matrix():
             a @ b
         want = 2 * m * n * k / (peak * mx.gemm_fraction(m, n, k))
         assert clock.stats()["busy_s"] / want == pytest.approx(1.0, abs=0.02), (m, n, k)
-    clock, _ = _clock(sp)
     q = torch.randn(2, 4, 64, 32)
-    with timed.timed(clock):
-        F.scaled_dot_product_attention(q, q, q, is_causal=True)
-    flops = 4 * 2 * 4 * 64 * 64 * 32                       # QK^T and AV (torch's count)
-    assert clock.stats()["busy_s"] / (flops / (peak * mx.attention)) == pytest.approx(1.0, abs=0.02)
+    flops = 4 * 2 * 4 * 64 * 64 * 32                       # QK^T and AV over every key (torch's count)
+    for causal, share in ((False, 1.0), (True, 65 / 128)):  # causal as FlashAttention counts it: s(s+1)/2 of s^2
+        clock, _ = _clock(sp)
+        with timed.timed(clock):
+            F.scaled_dot_product_attention(q, q, q, is_causal=causal)
+        assert clock.stats()["flops"] == flops              # the model-FLOPs count is torch's, whatever is_causal
+        want = flops * share / (peak * mx.attention)
+        assert clock.stats()["busy_s"] / want == pytest.approx(1.0, abs=0.02), causal
+
+
+def test_a_fused_causal_sdpa_is_charged_about_half_and_the_unfused_one_all():
+    """A fused SDPA kernel (torch's CPU flash kernel here; the flash / efficient / cuDNN ones carry is_causal the
+    same way) with is_causal=True is charged s(s+1)/(2 s^2) of its non-causal seconds, forward and backward;
+    the math path (unfused: two GEMMs over the whole s x s matrix, masked after) is charged the same either way."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    busy = {}
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH):
+        for causal in (False, True):
+            q = torch.randn(1, 2, 32, 16, requires_grad=True)
+            clock, _ = _clock()
+            with sdpa_kernel(backend), timed.timed(clock):
+                F.scaled_dot_product_attention(q, q, q, is_causal=causal).sum().backward()
+            busy[backend, causal] = clock.stats()["busy_s"]
+    fl = SDPBackend.FLASH_ATTENTION
+    assert busy[fl, True] / busy[fl, False] == pytest.approx(33 / 64, rel=1e-3)
+    assert busy[SDPBackend.MATH, True] == pytest.approx(busy[SDPBackend.MATH, False], rel=0.02)
 
 
 def test_two_chips_virtual_times_are_in_their_profile_ratio_and_the_same_torch_ops_keep_it():

@@ -13,15 +13,22 @@ bandwidth):
     optional: MAMF is the *maximum* achievable over its sweep of shapes, so the curve's rise beyond the
     best shape is the fit's form, not a measurement). A measured matrix (`hal conformance
     --level perf --efficiency FILE`) replaces the curve by its own points, interpolated (`with_measured`).
-  - attention: fused (flash-style) attention forward + backward at `attention` x peak.
+  - attention: fused (flash-style) attention forward + backward at `attention` x peak, on the work the
+    kernel does: FlashAttention's and cuDNN's benchmarks rate a causal run on the causal count (half the
+    4 s^2 d FLOPs of Q K^T and A V over every key: Dao-AILab/flash-attention benchmarks/
+    benchmark_flash_attention.py at 0469c72723, `4 * batch * seqlen**2 * nheads * headdim // (2 if causal
+    else 1)`), because the kernel skips the masked tiles. `fused_attention_share` is that work as a share of
+    the full count (causal, sliding window); an unfused core computes the whole score matrix (share 1).
   - memory-bound ops (norms, activations, residuals, the optimizer, copies): `memory` x bandwidth.
   - collectives and point-to-point: alpha-beta, `intra_link` / `nic_link` x the link's line rate per
     byte plus `intra_latency_s` / `nic_latency_s` per message.
   - memory headroom: `memory_reserve_bytes` (runtime context, communication buffers) and
     `memory_fragmentation` (the caching allocator's unusable share) leave `usable_memory` for a plan.
 
-Invariant checked at construction: no op class exceeds `best_fraction` (= min(gemm_peak, gemm_max)), so "every chip at
-its best sustained rate, no communication" is a true upper bound on any plan's throughput.
+Invariant checked at construction: no op class exceeds `best_fraction` (= min(gemm_peak, gemm_max)) on its own
+work. A fused causal core does about half the work the model's FLOPs count for it, so per *counted* FLOP it
+can run faster than `best_fraction`: the planner's upper bound prices attention's counted FLOPs at the faster
+of the two (hal.strategies.planner.plan_search.bound_tokens_per_s), so that it stays a true bound.
 """
 from __future__ import annotations
 
@@ -53,7 +60,7 @@ class ChipMatrix:
     model: str
     gemm_peak: float
     gemm_half_dim: float
-    attention: float
+    attention: float         # fused attention's fraction of peak on the work it does (causal: about half the count)
     memory: float
     intra_link: float
     nic_link: float
@@ -158,6 +165,27 @@ def matrix_from_table(chip: str, model: str, raw: Mapping[str, Any], sources: Ma
                       vals["intra_link"], vals["nic_link"], vals["intra_latency_s"], vals["nic_latency_s"],
                       vals["memory_reserve_bytes"], vals["memory_fragmentation"], sources=srcs,
                       gemm_max=vals.get("gemm_max"))
+
+
+def fused_attention_share(q_len: int, k_len: Optional[int] = None, causal: bool = True,
+                          window: Optional[int] = None) -> float:
+    """The score elements a fused attention kernel computes, as a share of the full q_len x k_len count
+    (the model-FLOPs convention, 4 s d per query and head forward). Causal (torch's is_causal: query i sees
+    keys 0..i) with an optional sliding window of `window` keys (itself and window - 1 before it): query i
+    computes min(i + 1, window, k_len) elements, so q_len = k_len = s costs s(s + 1)/2 of s^2 (about half:
+    the count FlashAttention's and cuDNN's benchmarks rate causal runs on), and a window W costs
+    W(W + 1)/2 + (s - W) W of s^2. Not causal: 1 (a window without causal masking is not modelled)."""
+    k_len = q_len if k_len is None else k_len
+    if q_len <= 0 or k_len <= 0:
+        raise ChipMatrixError(f"fused_attention_share: q_len = {q_len}, k_len = {k_len}; both must be >= 1")
+    if window is not None and window < 1:
+        raise ChipMatrixError(f"fused_attention_share: window = {window}; it must be >= 1 (None: no window)")
+    if not causal:
+        return 1.0
+    c = min(k_len, window if window is not None else k_len)
+    n = min(q_len, c)
+    elements = n * (n + 1) / 2 + (q_len - n) * c
+    return elements / (q_len * k_len)
 
 
 def gemm_shapes(tokens: float, hidden: int, ffn: int, q_dim: int, kv_dim: int, tp: int) -> Sequence[tuple]:

@@ -11,7 +11,8 @@ Every aten op a process runs on its (emulated) chip is charged to a per-process 
         efficiency matrix (hal.core.chip_matrix: catalog defaults) or the best measured d matmul FLOP/s;
         d = dtype(op), the dtype the op computes in (its first floating-point operand's)
     r = best fraction / the op's fraction in the matrix (a GEMM's by its (m, n, k), fused attention's;
-        1 for other ops): `timed_cost.rate_factor`
+        1 for other ops) x, for a fused SDPA with is_causal, the share of torch's full count its kernel
+        does (about 1/2, as FlashAttention counts causal runs): `timed_cost.rate_factor`
     B = memory bytes/s / scale  = catalog memory bandwidth x the matrix's memory fraction (else an
         assumed/default figure, named) or the measured device-copy bandwidth
 

@@ -240,12 +240,12 @@ def _chip_matrix(chip: Union[str, ChipProfile], prof: Optional[ChipProfile], mod
 
 
 # ---- what an op costs: its FLOPs rated by the efficiency matrix ------------------------------------
-def op_shape(func: Any, args: tuple) -> Optional[tuple]:
+def op_shape(func: Any, args: tuple, kwargs: Optional[dict] = None) -> Optional[tuple]:
     """The matrix class of an op: ("gemm", m, n, k) for a matmul (a batched one folds its batch into m),
-    ("attention",) for scaled-dot-product attention, None for anything else."""
+    ("attention", share) for scaled-dot-product attention (`attention_share`), None for anything else."""
     name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
     if "scaled_dot_product" in name:
-        return ("attention",)
+        return ("attention", attention_share(func, args, kwargs or {}))
     if name not in _GEMMS:
         return None
     a, b = (args[1], args[2]) if name in ("addmm", "baddbmm") else (args[0], args[1])
@@ -256,14 +256,45 @@ def op_shape(func: Any, args: tuple) -> Optional[tuple]:
 
 
 _GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
+# the fused SDPA kernels (flash, memory-efficient, cuDNN, a backend's override, torch's CPU flash kernel), which
+# skip the score tiles a causal mask hides; any other "scaled_dot_product" op (the math path) computes them all
+_FUSED_SDPA = ("flash", "efficient", "cudnn", "overrideable")
+
+
+def attention_share(func: Any, args: tuple, kwargs: dict) -> float:
+    """The share of torch's SDPA FLOP count (sdpa_flop_count: the full s_q x s_k score matrix, whatever
+    is_causal says) that a fused kernel does: hal.core.chip_matrix.fused_attention_share of its query and key
+    lengths when its `is_causal` argument (read by name from the op's schema; every fused SDPA overload, forward
+    and backward, carries it) is true, so a causal core costs about half, as FlashAttention counts it. 1 for
+    an unfused op, a non-causal call, or a mask passed as a tensor (attn_mask: its pattern is not read)."""
+    from hal.core.chip_matrix import fused_attention_share
+    name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
+    if not any(k in name for k in _FUSED_SDPA) or not hasattr(func, "_schema"):
+        return 1.0
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name == "is_causal":
+            causal = kwargs[arg.name] if arg.name in kwargs else args[i] if i < len(args) else arg.default_value
+            break
+    else:
+        return 1.0
+    back = name.endswith("_backward")        # (grad_out, query, key, ...) instead of (query, key, ...)
+    q, k = (args[0], args[2]) if back else (args[0], args[1])
+    if not causal or not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)) or q.dim() < 2:
+        return 1.0
+    return fused_attention_share(int(q.shape[-2]), int(k.shape[-2]), causal=True)
 
 
 def rate_factor(shape: Optional[tuple], matrix: Any) -> float:
-    """best fraction / this op's fraction (>= 1): how many best-rate FLOPs an op of `shape` costs per FLOP."""
-    if matrix is None or shape is None:
+    """How many best-rate FLOPs an op of `shape` costs per FLOP torch counts for it: best fraction / the
+    op's fraction in the matrix (>= 1), times, for attention, the share of the count its kernel does
+    (`attention_share`: about 1/2 for a fused causal core, whatever the matrix)."""
+    if shape is None:
         return 1.0
+    share = shape[1] if shape[0] == "attention" and len(shape) > 1 else 1.0
+    if matrix is None:
+        return share
     frac = matrix.attention if shape[0] == "attention" else matrix.gemm_fraction(*shape[1:])
-    return matrix.best_fraction / frac if frac > 0 else 1.0
+    return share * matrix.best_fraction / frac if frac > 0 else share
 
 
 def charged_flops(func: Any, args: tuple, kwargs: dict, out: Any, speeds: Speeds) -> float:

@@ -19,9 +19,10 @@ Conventions (each a stated assumption, printed in docs/planner.md):
     memory-bound passes (moe_dispatch_bytes), charged forward and again backward; the EP all_to_all
     is never overlapped (apply_plan's, and Megatron-Core's without its opt-in EP overlap).
   - other runtimes, for published runs: ModelFacts(sequence_parallel=, fused_attention=, vocab_parallel=).
-  - sliding-window layers (ModelConfig.sliding_window / layer_types): a fused kernel's attention core does
-    only the window's share of a causal layer's work (attention_work_share); the model FLOPs (MFU, the
-    bound) keep the full 4 s h count, the convention published runs report in.
+  - a fused kernel's attention core does only the causal share of the 4 s h count, s(s + 1)/(2 s^2), and on
+    sliding-window layers (ModelConfig.sliding_window / layer_types) the window's (attention_work_share);
+    the unfused core computes the whole s x s matrix. The model FLOPs (MFU) keep the full 4 s h count, the
+    convention published runs report in (Megatron-LM's 72 B s l h^2 (1 + s/6h + ...), PaLM's 6N + 12 L H Q T).
   - collectives use the ring / hierarchical formulas of nccl-tests and the bridge (hal.collectives'
     busbw factors): all_reduce moves 2(n-1)/n of the buffer per rank.
 """
@@ -30,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from hal.core.chip_matrix import gemm_shapes
+from hal.core.chip_matrix import fused_attention_share, gemm_shapes
 from hal.core.efficiency import busbw_factor
 
 from .facts import ChipFacts
@@ -108,7 +109,7 @@ class ModelFacts:
         # query and key/value projection widths (GQA: kv < q); without GQA fields both are hidden
         self.q_dim = int(getattr(cfg, "q_dim", cfg.hidden))
         self.kv_dim = int(getattr(cfg, "kv_dim", cfg.hidden))
-        # the attention core's work per layer as a share of a full causal layer's (sliding-window layers;
+        # the attention core's work per layer as a share of the full 4 s h count (causal, sliding window;
         # fused kernels only: the unfused core computes the whole s x s score matrix before masking it)
         self.attention_share = attention_work_share(cfg) if fused_attention else 1.0
         self._act = {}
@@ -396,18 +397,38 @@ def moe_dispatch_bytes(m: ModelFacts, mb: int, experts_local: Optional[int],
 
 
 def attention_work_share(cfg) -> float:
-    """The attention core's work, mean over layers, as a share of full causal attention's, for a fused kernel
-    that skips the score tiles outside a sliding window: a query at position i sees min(i + 1, W) keys, so a
-    windowed layer computes W(W + 1)/2 + (S - W) W of the S(S + 1)/2 causal score elements (the count
-    cuDNN's SDPA benchmark rates its sliding-window kernel on; its H200 run with cuDNN 9.19.1 takes time
-    linear in S at W = 1024: cudnn-frontend benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/
-    gpt_oss_20260227_034819.csv at df73764adb). The layers of a pipeline stage are priced at this mean."""
+    """The work a fused (flash-style) attention kernel does, mean over the layers, as a share of the model
+    FLOPs' full 4 s^2 d count (hal.core.chip_matrix.fused_attention_share, the one definition): a causal
+    layer computes s(s + 1)/2 of the s^2 score elements, as FlashAttention's benchmarks count a causal run
+    (the count the matrix's `attention` fraction is rated on), and a sliding-window layer W(W + 1)/2 +
+    (s - W) W of them (the count cuDNN's SDPA benchmark rates its sliding-window kernel on; its H200 run with
+    cuDNN 9.19.1 takes time linear in s at W = 1024: cudnn-frontend benchmark/sdpa_benchmark_training/
+    results/h200_919_only_cudnn/gpt_oss_20260227_034819.csv at df73764adb). Every model here is a causal
+    decoder. The layers of a pipeline stage are priced at this mean; an unfused core does the full count."""
     windowed = cfg.windowed_layers() if hasattr(cfg, "windowed_layers") else 0
+    full = fused_attention_share(cfg.seq)
     if not windowed:
-        return 1.0
-    w, s = min(cfg.sliding_window, cfg.seq), cfg.seq
-    share = (w * (w + 1) / 2 + (s - w) * w) / (s * (s + 1) / 2)
-    return (windowed * share + cfg.layers - windowed) / cfg.layers
+        return full
+    share = fused_attention_share(cfg.seq, window=cfg.sliding_window)
+    return (windowed * share + (cfg.layers - windowed) * full) / cfg.layers
+
+
+def bound_flops_per_sample(facts: Sequence[ChipFacts], m: ModelFacts) -> float:
+    """The model FLOPs of one sample's training step (no recompute) as the upper bound (b) prices them at every
+    chip's best sustained rate (ChipFacts.flops): attention's counted FLOPs (3 x 4 s^2 q_dim per layer) shrunk
+    to the cheapest any chip runs them at, min(1, share x best / attention rate) of the count. A fused causal
+    core does about half its count at the matrix's `attention` fraction, which can beat the best GEMM
+    fraction per counted FLOP (an H100: 0.50 / 0.5 > 0.80); an unfused core runs all of it at a GEMM fraction
+    (at most the best). Taking the cheapest chip keeps it a bound for any split of the work over the chips."""
+    total = m.step_flops_per_sample()
+    if not m.fused_attention:
+        return total
+    attn = 3 * m.layers * 4 * m.seq * m.q_dim * m.seq
+    ratios = [1.0]
+    for f in facts:
+        rate = f.peak * f.matrix.attention if f.matrix is not None else f.flops
+        ratios.append(m.attention_share * f.flops / rate)
+    return total - attn * (1.0 - min(ratios))
 
 
 def _rate(f: ChipFacts, mm: float, n: float, k: float) -> float:

@@ -36,8 +36,9 @@ class Ops(NamedTuple):
 
     def seconds(self, flops_per_s: float, bytes_per_s: float, share: float = 1.0, matrix=None) -> float:
         """Sum over ops of hal.emulation.timed.op_cost (max(flops x r / F, bytes / B): the clock's one
-        formula, r = rate_factor(op's class, the chip's efficiency matrix)), every op shrunk to `share`
-        of its work (a GEMM keeps its TP-1 shape's rate: an approximation under TP)."""
+        formula, r = rate_factor(op's class, the chip's efficiency matrix); a fused causal SDPA's class
+        carries the share of torch's full count its kernel does, about 1/2, as the clock charges it), every
+        op shrunk to `share` of its work (a GEMM keeps its TP-1 shape's rate: an approximation under TP)."""
         from hal.emulation.timed import Speeds, op_cost, rate_factor
         sp = Speeds(flops_per_s, bytes_per_s, "")
         shapes = self.shapes or (None,) * len(self.flops)
@@ -69,7 +70,7 @@ class _Count(TorchDispatchMode):
             return out
         self.flops.append(float(timed.op_flops(func, args, kwargs, out)))
         self.nbytes.append(float(timed.op_bytes(args, kwargs, out)))
-        self.shapes.append(timed.op_shape(func, args))
+        self.shapes.append(timed.op_shape(func, args, kwargs))
         return out
 
     def take(self) -> Ops:
