@@ -12,5 +12,5 @@ if [ "$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1 && command -v apt
 fi
 cd "$ROOT"
 echo "test.sh: pytest on the whole suite (17 min on a quiet 2-core machine, 2026-11-26;" \
-     "a dot per test; a multi-process test module takes up to ~90 s without a dot)"
+     "a dot per test; a multi-process test module takes up to ~120 s without a dot: tests/test_multinode_train.py)"
 python -m pytest -q "$@"
