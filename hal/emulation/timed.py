@@ -557,13 +557,6 @@ def time_scale(env: Optional[Mapping[str, str]] = None) -> float:
     return envs.HAL_EMULATE_TIME_SCALE.get(env, error=TimedEmulationError)
 
 
-def charge_dtype(env: Optional[Mapping[str, str]] = None) -> str:
-    """The one dtype HAL_EMULATE_TIMED_DTYPE forces on every chip (an unscoped `DTYPE` item), else
-    DEFAULT_DTYPE: what a planner pricing every chip at one dtype assumes (hal.trainer.autoplan)."""
-    forced, _ = charge_plan(envs.HAL_EMULATE_TIMED_DTYPE.text(env), "", "")
-    return forced or DEFAULT_DTYPE
-
-
 def _matrix_for(path_text: str, chip: str, model: str) -> Any:
     from hal.core.efficiency import load_efficiency_matrix
     p = Path(path_text)
