@@ -524,9 +524,8 @@ def _memory_bytes(m: ModelFacts, tp: int, n_layers: int, last: bool, mb: int, re
     reduced only across expert-DP copies (expert_parallel.reduce_expert_grads). `eshard` > 1: a runtime
     that shards expert state over its `eshard` expert-DP copies at this ZeRO level
     (ModelFacts.shard_expert_state, Megatron-Core's distributed optimizer)."""
-    def per_param(d: int) -> float:
-        return {0: 16.0, 1: 4 + 12 / d, 2: 2 + 14 / d, 3: 16 / d}[zero]
-    state = dense * per_param(dp) + eparams * (per_param(eshard) if eshard > 1 else 16.0)
+    per_param = m.cfg.state_bytes_per_param     # ModelConfig's table: the one definition of ZeRO's bytes
+    state = dense * per_param(zero, dp) + eparams * (per_param(zero, eshard) if eshard > 1 else 16.0)
     act_keep = m.act_bytes(tp, recompute) * mb * n_layers * in_flight
     # backward's working set: the gradients of one layer's activations for one micro-batch (about
     # the size of what the layer saved); under full recompute that layer's activations come back too
