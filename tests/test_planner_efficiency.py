@@ -248,6 +248,26 @@ def test_moe_step_grows_by_the_router_and_dispatch_bytes_over_memory_bandwidth(m
     assert cost.moe_dispatch_bytes(ModelFacts(SMALL), mb, None, None) == 0.0      # dense: no such pass
 
 
+def test_the_last_stage_pays_the_losss_fp32_vocabulary_passes_over_memory_bandwidth():
+    # the loss's LOSS_COPIES fp32 s x vocab tensors (logits, log-softmax, their gradients; the ones the
+    # memory term counts) are written and read once: half the bytes forward, half backward, only on the
+    # stage with the head, and split over TP only where the runtime shards the vocabulary
+    from hal.strategies.planner import cost
+    facts, _ = _facts(("h", "cuda", "H100", 1, 8))
+    f = facts[0]
+    s, v, mb = SMALL.seq, SMALL.vocab, 2
+    for vocab_parallel, tp in ((False, 1), (False, 2), (True, 2)):
+        m = ModelFacts(SMALL, vocab_parallel=vocab_parallel)
+        want = 2 * cost.LOSS_COPIES * 4 * s * v * mb / (tp if vocab_parallel else 1) / 2 / f.memory_bw
+        assert cost.loss_bytes(m, tp, mb) / 2 / f.memory_bw == pytest.approx(want)
+        last = cost._replica_cost(m, f, tp, 4, False, True, mb, "none", 0, 1, 1)
+        mid = cost._replica_cost(m, f, tp, 4, False, False, mb, "none", 0, 1, 1)
+        head = m.head_fwd_flops() * mb / (tp if vocab_parallel else 1)
+        gemm = head / cost._rate(f, s * mb, v / (tp if vocab_parallel else 1), SMALL.hidden)
+        assert last.fwd - mid.fwd == pytest.approx(gemm + want, rel=1e-9)
+        assert last.bwd - mid.bwd == pytest.approx(2 * gemm + want, rel=1e-9)
+
+
 def test_sliding_window_layers_charge_only_the_windows_share_of_a_fused_attention_core():
     # ModelConfig.sliding_window / layer_types (HF's names): a fused kernel that skips the tiles outside the
     # window does W(W+1)/2 + (S-W)W of the S^2 score elements the model FLOPs count on a windowed layer, a

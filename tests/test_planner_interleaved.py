@@ -112,3 +112,51 @@ def test_a_layout_whose_later_stage_does_not_fit_is_refused():
     over = {r.stage for r in sim.ranks if r.memory_bytes > r.capacity_bytes}
     assert not sim.fits and over == {last}, over         # the first stage fits, the last does not
     assert not S.estimate(tight, model, uniform=True)[1]  # the search's closed form refuses it too
+
+
+def test_interleaved_step_is_replayed_on_torchs_order():
+    """The step of an Interleaved1F1B layout is a replay of torch's order (sim_chain.ChainPass): every rank
+    group runs F and B of each of its v stages in interleaved_rank_order's order, each chunk its share of
+    the group's forward / backward; with cheap sends it lands within a few percent of the closed form
+    (1F1B less (1 - 1/v) of the fill and drain), and never under the group's own work."""
+    import importlib
+    sim_mod = importlib.import_module("hal.strategies.planner.simulate")
+    from hal.strategies.planner import sim_chain
+    from hal.strategies.planner.sim_costs import stage_costs
+    spec = '[[sub_clusters]]\nname = "h"\nchip = "cuda"\nmodel = "H100"\nnodes = 4\nranks_per_node = 8\n'
+    facts = [chip_facts(sc) for sc in Topology.from_spec(parse_cluster_spec(spec)).sub_clusters]
+    model = ModelFacts(MID)
+    cands = [c for c in S.mixed_candidates(facts, model, 64) if c.layout.schedule == "Interleaved1F1B"]
+    picked = {}
+    for c in cands:      # one layout per (p, M, v)
+        picked.setdefault((len(c.layout.stages), c.layout.m, c.layout.virtual), c.layout)
+    assert len(picked) >= 4, sorted(picked)
+
+    def closed_form(lay):
+        real = sim_chain.ChainPass.__init__
+
+        def refuse(self, *a, **k):
+            if k.get("interleaved"):
+                raise ValueError("closed form asked for")
+            real(self, *a, **k)
+        sim_chain.ChainPass.__init__ = refuse
+        try:
+            return sim_mod.simulate(lay, model)
+        finally:
+            sim_chain.ChainPass.__init__ = real
+
+    for (p, m, v), shape in sorted(picked.items())[:6]:
+        lay = S.materialize(shape, {r: r // 8 for r in range(32)})
+        sim = sim_mod.simulate(lay, model, trace=True)
+        assert any("Interleaved1F1B: torch's order replayed" in n for n in sim.notes), sim.notes
+        for s in range(p):      # replica 0 of each rank group: its actions in torch's order
+            ev = sorted((e for e in sim.trace if e["pid"] == s and e["tid"] == 0 and "@" in e["name"]),
+                        key=lambda e: e["ts"])
+            got = [(e["name"][0], int(e["name"].split("@")[1]), int(e["name"][1:].split("@")[0])) for e in ev]
+            assert got == interleaved_rank_order(s, p, v, m), (p, m, v, s)
+        costs = stage_costs(lay, model)
+        work = max(m * (c.fwd + c.bwd) for row in costs for c in row)
+        old = closed_form(lay)
+        assert not any("order replayed" in n for n in old.notes)
+        assert sim.step_time_s >= work
+        assert sim.step_time_s == pytest.approx(old.step_time_s, rel=0.06), (p, m, v)

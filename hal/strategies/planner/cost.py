@@ -10,6 +10,8 @@ Conventions (each a stated assumption, printed in docs/planner.md):
     outputs). Each GEMM is timed at the chip efficiency matrix's fraction
     of peak for its (m, n, k) (hal.core.chip_matrix), the attention core at the matrix's attention
     fraction, memory-bound work at the matrix's share of the memory bandwidth (ChipFacts.memory_bw).
+  - the loss on the last stage: its fp32 s x vocab tensors written and read once, at the memory bandwidth
+    (loss_bytes), half forward and half backward; the same tensors its memory term counts.
   - activations: ModelConfig.activation_bytes(attention="fused") (REFERENCE.md without the s x s
     score term); full recompute keeps 2 s h per layer (the input).
   - tensor parallel costs 4 all-reduce-equivalents of b s h bf16 per layer per micro-batch (2 forward,
@@ -41,6 +43,7 @@ GRAD_BYTES = 4          # fp32 gradients on the wire (reduce in fp32)
 ADAM_TRAFFIC = 28       # bytes read+written per parameter by a fused AdamW step (p, g, m, v fp32)
 ELEMENTWISE_PASSES = 2  # activation bytes are written once and read once by the memory-bound ops
 LOSS_COPIES = 4          # logits, log-softmax, and their gradients (s x vocab fp32 each, per row)
+FP32 = 4
 # an unfused attention core's forward traffic per score element (16-bit): the QK^T GEMM writes the scores
 # (2), the fused scale-mask-softmax reads them and writes the probabilities (4), dropout reads them and
 # writes its output and its 1-byte mask (5), the AV GEMM reads them (2) (Megatron-LM's 2021-22 core)
@@ -290,8 +293,9 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
         tp_comm = tp_f + tp_b            # what the step waits for (the statistics' communication)
     # MoE router and dispatch passes: memory-bound, the same bytes forward and backward (moe_dispatch_bytes)
     dispatch = n_layers * moe_dispatch_bytes(m, mb, experts_local, ep) / f.memory_bw
-    fwd = compute_fwd + elementwise + dispatch + tp_f + ep_comm / 2
-    bwd = 2 * compute_fwd + 2 * elementwise + dispatch + tp_b + ep_comm / 2
+    loss = loss_bytes(m, tp, mb) / 2 / f.memory_bw if last else 0.0
+    fwd = compute_fwd + elementwise + dispatch + loss + tp_f + ep_comm / 2
+    bwd = 2 * compute_fwd + 2 * elementwise + dispatch + loss + tp_b + ep_comm / 2
     if m.megatron_p2p:                 # synchronous sends, the receiver's gather (ModelFacts.megatron_p2p)
         send, gathered = _megatron_p2p_seconds(m, f, tp, mb, tp_bw)
         fwd += (0.0 if last else send) + (0.0 if first else gathered)
@@ -367,6 +371,17 @@ def _megatron_p2p_seconds(m: ModelFacts, f: ChipFacts, tp: int, mb: int, tp_bw: 
     nbytes = m.boundary_bytes() * mb / tp
     gathered = 0.0 if m.sequence_parallel or tp <= 1 else gather_time(nbytes * tp, tp, tp_bw, f.link_latency)
     return p2p_time(nbytes, f, f, same_node=False), gathered
+
+
+def loss_bytes(m: ModelFacts, tp: int, mb: int) -> float:
+    """Memory traffic of the loss on the last stage for a micro-batch of `mb` samples, forward and backward
+    together: its LOSS_COPIES fp32 s x vocab tensors (logits, log-softmax, and in backward their gradients;
+    the same tensors _memory_bytes counts) each written once and read once (ELEMENTWISE_PASSES), half in
+    each pass; the vocabulary split over TP where the runtime shards it (vocab_parallel). A lower bound on
+    what torch's cross_entropy and Megatron-LM's vocab-parallel loss move (both also cast the 16-bit
+    logits to fp32 and re-read them for the max and the sum); priced at ChipFacts.memory_bw."""
+    vt = tp if m.vocab_parallel else 1
+    return ELEMENTWISE_PASSES * LOSS_COPIES * FP32 * m.seq * m.vocab * mb / vt
 
 
 def moe_dispatch_bytes(m: ModelFacts, mb: int, experts_local: Optional[int],
@@ -534,7 +549,7 @@ def _memory_bytes(m: ModelFacts, tp: int, n_layers: int, last: bool, mb: int, re
     # both (torch's cross_entropy; tests/test_planner_memory.py checks it against emulated runs). It
     # and the layer working set are not live at once (the loss's backward runs before the layers'),
     # so the larger of the two counts.
-    loss = (LOSS_COPIES * 4 * m.seq * m.vocab * mb / (tp if m.vocab_parallel else 1)) if last else 0.0
+    loss = LOSS_COPIES * FP32 * m.seq * m.vocab * mb / (tp if m.vocab_parallel else 1) if last else 0.0
     zero3_gather = (m.dtype_bytes * layer_p / tp * 2) if zero == 3 else 0.0       # two layers gathered ahead
     # torch DDP (zero 0, dp > 1; apply_plan's data parallel) keeps its gradient buckets apart from
     # .grad (gradient_as_bucket_view is off): one more fp32 gradient per parameter it reduces

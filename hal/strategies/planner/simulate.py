@@ -13,13 +13,15 @@ The stages of `simulate`, one module each:
   sim_costs.py      per-op costs: each replica's forward / backward / copies, each send's seconds
   layout.py         the layout and the rows each replica sends the next stage (`row_links`)
   sim_events.py     the longest-path pass over every replica's schedule (1F1B, GPipe)
-  sim_chain.py      the same for ZBVZeroBubble: torch's F / I / W order, two stages per rank group
+  sim_chain.py      the same for ZBVZeroBubble (torch's F / I / W order, two stages per rank group in a V)
+                    and Interleaved1F1B (F / B, v stages per rank group round-robin)
   sim_reduction.py  the DP / ZeRO reduction and the loss all-reduce
   this module       the step's end, per-rank statistics and the result
 
-ZBVZeroBubble replays torch's own action order (sim_chain.py). Interleaved1F1B is the 1F1B pass
-less (1 - 1/v) of its fill and drain (`_interleaved`); other multi-stage schedules are simulated as
-1F1B (a conservative bound: they only shrink the bubble); the result's notes say so.
+ZBVZeroBubble and Interleaved1F1B replay torch's own action order (sim_chain.py). An interleaved layout
+the replay cannot take (unequal chains) is the 1F1B pass less (1 - 1/v) of its fill and drain
+(`_interleaved`); other multi-stage schedules are simulated as 1F1B (a conservative bound: they only
+shrink the bubble); the result's notes say so.
 """
 from __future__ import annotations
 
@@ -97,6 +99,17 @@ def simulate(layout: Layout, model: ModelFacts, trace: bool = False) -> SimResul
                      "(Qi et al. 2023)")
         step_end, per_rep_end = _step_end(layout, costs, ev, reduction, trace)
         return _statistics(layout, model, costs, ev, step_end, per_rep_end, notes)
+    if layout.virtual > 1 and not zbv:
+        try:
+            ev = ChainPass(layout, model, costs, _ddp_copy_in(layout, costs),
+                           lambda s, r, kind, j: fsdp_copy_seconds(layout, model, costs, s, r, kind, j), trace,
+                           interleaved=True).run()
+        except ValueError as e:          # unequal chains, or an M torch's order refuses: the closed form
+            notes.append(f"Interleaved1F1B not replayed ({e}): the closed form below")
+        else:
+            notes.append(f"Interleaved1F1B: torch's order replayed, {layout.virtual} stages per rank group")
+            step_end, per_rep_end = _step_end(layout, costs, ev, reduction, trace)
+            return _statistics(layout, model, costs, ev, step_end, per_rep_end, notes)
     fwd_out, bwd_out = send_times(layout, model, row_links(layout.stages))
     ev = EventPass(layout.stages, layout.m, op_queues(layout, model, costs), fwd_out, bwd_out, reduction,
                    layout.send_after_reduction, trace).run()
