@@ -251,6 +251,36 @@ def test_hal_plan_bad_input_is_one_line_exit_2(argv, needle, capsys):
     assert len(err) == 1 and needle in err[0]
 
 
+def test_hal_plan_only_plans_the_named_sub_clusters_and_says_when_one_alone_is_faster(capsys):
+    from types import SimpleNamespace
+
+    from hal.cli import main
+    from hal.core.cluster import ClusterSpecError, load_cluster_spec
+    from hal.strategies.planner.report import faster_part_lines
+    spec = load_cluster_spec("examples/clusters/laptop-2x2.toml")
+    sub = spec.subset(["ascend"])          # colocated with the dropped cuda part: gets its node back
+    assert [s.name for s in sub.sub_clusters] == ["ascend"] and not sub.sub_clusters[0].colocate
+    assert sub.world_size == 2 and sub.assignment(0).chip == "ascend" and sub.num_nodes == 1
+    assert spec.subset(["ascend", "cuda"]).sub_clusters == spec.sub_clusters      # spec order kept
+    with pytest.raises(ClusterSpecError, match=r"\['gpu'\] not in this cluster; sub-clusters: \['cuda', 'ascend'\]"):
+        spec.subset(["gpu"])
+    rc = main(["plan", "--cluster", "examples/clusters/laptop-2x2.toml", "--model", "examples/models/tiny.toml",
+               "--batch", "8", "--only", "cuda", "--quiet"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "2 ranks, 2 x H100 (cuda)" in text and "ascend" not in text.split("figures")[0]
+    assert main(["plan", "--cluster", "examples/clusters/laptop-2x2.toml", "--model", "examples/models/tiny.toml",
+                 "--only", "gpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--only: " in err[0] and "['gpu'] not in this cluster" in err[0]
+
+    def part(tps):
+        return SimpleNamespace(sim=SimpleNamespace(tokens_per_s=tps))
+    res = SimpleNamespace(best=part(100.0), parts={"h": part(120.0), "a": part(30.0), "k": None})
+    (line,) = faster_part_lines(res)
+    assert "sub-cluster h alone is predicted faster" in line and "x1.20" in line and "--only h" in line
+    assert faster_part_lines(SimpleNamespace(best=part(130.0), parts=res.parts)) == []
+
+
 # ---- published-run mechanisms (issue 25) ----------------------------------------------------------
 def test_gemm_curve_is_capped_at_the_measured_maximum():
     from hal.core import catalog

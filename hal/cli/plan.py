@@ -46,6 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "multi-stage pick keeps its Interleaved1F1B or ZBVZeroBubble); Interleaved1F1B / "
                         "ZBVZeroBubble: only layouts on that schedule compete (mixed stages: torch's "
                         "multi-stage schedules need equal chains)")
+    p.add_argument("--only", metavar="NAME[,NAME]",
+                   help="plan these sub-clusters of the spec alone (ranks renumbered from 0, as a job launched on "
+                        "their nodes numbers them); the others stay idle. Where one part alone is predicted "
+                        "faster than the whole cluster's plan, `hal plan` says so and names this flag")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -83,13 +87,17 @@ def load_inputs(args: argparse.Namespace):
         if args.cluster:
             if not Path(args.cluster).is_file():
                 raise CliError(f"--cluster {args.cluster}: no such file")
-            topo = Topology.from_spec(load_cluster_spec(args.cluster))
+            spec = load_cluster_spec(args.cluster)
+            topo = Topology.from_spec(spec.subset(args.only.split(",")) if getattr(args, "only", None) else spec)
         else:
             if not (envs.HAL_CLUSTER.is_set() or envs.HAL_EMULATE.is_set()):
                 raise CliError("no cluster: pass --cluster SPEC.toml (or set HAL_CLUSTER / HAL_EMULATE)")
+            if getattr(args, "only", None):
+                raise CliError(f"--only {args.only}: needs --cluster SPEC.toml (the sub-clusters are named there)")
             topo = Topology.from_env()
     except HalError as exc:
-        raise CliError(f"--cluster: {exc}") from None
+        raise CliError(f"--{'only' if getattr(args, 'only', None) and 'sub-cluster(s)' in str(exc) else 'cluster'}: "
+                       f"{exc}") from None
     try:
         matrices = load_matrices(getattr(args, "matrix", None))
         facts = cluster_facts(topo, matrices)

@@ -202,6 +202,27 @@ class ClusterSpec(BaseModel):
     def _sizes(self) -> str:
         return " + ".join(f"{s.name}: {s.nodes} x {s.ranks_per_node}" for s in self.sub_clusters)
 
+    def subset(self, names: Iterable[str]) -> "ClusterSpec":
+        """This cluster with only the sub-clusters `names` (kept in spec order, ranks renumbered from 0, as a
+        job launched on their nodes alone numbers them); a kept sub-cluster that colocated with a dropped
+        one gets its node back. ClusterSpecError for a name the spec lacks or an empty selection."""
+        want = list(dict.fromkeys(names))
+        known = [s.name for s in self.sub_clusters]
+        bad = [n for n in want if n not in known]
+        if bad or not want:
+            err = ClusterSpecError(f"{self.source or 'cluster spec'}: sub-cluster(s) {bad or want} "
+                                   f"{'not in this cluster' if bad else 'selected: none'}; sub-clusters: {known}")
+            err.source, err.field = self.source or "cluster spec", "sub_clusters"
+            err.value, err.line = ",".join(want), None
+            raise err
+        kept, prev_kept = [], False
+        for s in self.sub_clusters:
+            if s.name in want:
+                kept.append(s if prev_kept or not s.colocate else s.model_copy(update={"colocate": False}))
+            prev_kept = s.name in want
+        return self.model_copy(update={"sub_clusters": kept,
+                                       "name": f"{self.name or 'cluster'} ({', '.join(s.name for s in kept)})"})
+
 
 # ---- loading ---------------------------------------------------------------------------------
 def load_cluster_spec(path: Union[str, Path], pm: Any = None) -> ClusterSpec:

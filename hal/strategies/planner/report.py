@@ -144,4 +144,20 @@ def efficiency_lines(result) -> str:
                                         else "no layout fits it alone (the model needs the whole cluster)"))
     lines.append(f"{'(b) bound':12} {result.bound_tokens_per_s:12.0f}   (every chip at its efficiency matrix's best "
                  f"sustained rate on the model's FLOPs, no communication: no plan exceeds it)")
+    lines += faster_part_lines(result)
     return "\n".join(lines)
+
+
+def faster_part_lines(result) -> list[str]:
+    """A warning per sub-cluster predicted faster alone (on the same global batch) than the whole cluster's
+    plan: a plan places every rank, so a slower part whose communication and balance cost more than it adds
+    still runs; `hal plan --only NAME` plans that part alone, the others idle."""
+    mine = result.best.sim.tokens_per_s
+    out = []
+    for k, c in result.parts.items():
+        if c is not None and c.sim.tokens_per_s > mine and len(result.parts) > 1:
+            out.append(f"warning: sub-cluster {k} alone is predicted faster than this plan of the whole cluster "
+                       f"({c.sim.tokens_per_s:,.0f} vs {mine:,.0f} tokens/s, x{c.sim.tokens_per_s / mine:.2f}): "
+                       f"the search places every rank, and here the other parts cost more than they add. To leave "
+                       f"them idle, plan {k} alone: hal plan ... --only {k}")
+    return out
