@@ -310,7 +310,7 @@ def test_a_fused_causal_core_is_charged_its_half_and_the_bound_still_holds():
     full = 4 * s * q * s / 2                                   # one sample's forward on one of 2 TP ranks
     fused = _block_seconds(ModelFacts(MID), f, 2, 1)[1]
     unfused = _block_seconds(ModelFacts(MID, fused_attention=False), f, 2, 1)[1]
-    assert fused == pytest.approx(full * (s + 1) / (2 * s) / (f.peak * f.matrix.attention))
+    assert fused == pytest.approx(full * (s + 1) / (2 * s) / (f.peak * f.matrix.attention_rate))
     assert unfused == pytest.approx(full / (f.peak * f.matrix.gemm_fraction(s, s, q / MID.heads)))
     # per counted FLOP the fused causal core (0.5 / about 0.5 of the count) beats the best GEMM fraction (0.80):
     # an attention-bound model's plan outruns "all model FLOPs at the best rate", and (b) must price

@@ -19,6 +19,10 @@ bandwidth):
     benchmark_flash_attention.py at 0469c72723, `4 * batch * seqlen**2 * nheads * headdim // (2 if causal
     else 1)`), because the kernel skips the masked tiles. `fused_attention_share` is that work as a share of
     the full count (causal, sliding window); an unfused core computes the whole score matrix (share 1).
+  - sustained load (`sustained`, optional, default 1): the share of the short-run compute rate a chip keeps
+    once its power cap engages (seconds of dense matmuls); it scales the GEMM and attention fractions (and
+    so the best fraction, the upper bound's rate) because the microbenchmarks above time short runs, and
+    training keeps the chip busy for hours. Memory-bound ops are not scaled.
   - memory-bound ops (norms, activations, residuals, the optimizer, copies): `memory` x bandwidth.
   - collectives and point-to-point: alpha-beta, `intra_link` / `nic_link` x the link's line rate per
     byte plus `intra_latency_s` / `nic_latency_s` per message.
@@ -44,8 +48,9 @@ FIELDS: dict[str, tuple[float, float]] = {
     "memory": (0.05, 1.0), "intra_link": (0.05, 1.0), "nic_link": (0.05, 1.0),
     "intra_latency_s": (0.0, 1e-2), "nic_latency_s": (0.0, 1e-2),
     "memory_reserve_bytes": (0.0, 64e9), "memory_fragmentation": (0.0, 0.5), "gemm_max": (0.05, 1.0),
+    "sustained": (0.05, 1.0),
 }
-OPTIONAL = {"gemm_max"}      # fields a table may leave out (None: no cap)
+OPTIONAL = {"gemm_max", "sustained"}      # fields a table may leave out (gemm_max None: no cap; sustained: 1)
 
 
 class ChipMatrixError(HalError, ValueError):
@@ -74,6 +79,9 @@ class ChipMatrix:
     origin: str = "catalog"
     # the benchmark's measured maximum: no GEMM of the curve exceeds it (None: the curve's asymptote)
     gemm_max: Optional[float] = None
+    # the share of its short-run compute rate the chip keeps under sustained load (its power cap engages
+    # after seconds of dense matmuls): scales every compute fraction (GEMM, attention, best), not memory
+    sustained: float = 1.0
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in FIELDS.items():
@@ -83,17 +91,23 @@ class ChipMatrix:
             if not (isinstance(v, (int, float)) and math.isfinite(v) and lo <= v <= hi):
                 raise ChipMatrixError(f"efficiency matrix {self.chip} {self.model}: {name} = {v!r} is outside "
                                       f"[{lo:g}, {hi:g}]")
-        if self.attention > self.best_fraction + 1e-12:
+        if self.attention_rate > self.best_fraction + 1e-12:
             raise ChipMatrixError(f"efficiency matrix {self.chip} {self.model}: attention = {self.attention} exceeds "
                                   f"the best GEMM fraction {self.best_fraction}; no op class may exceed it "
                                   f"(the upper bound on a plan's throughput rests on that)")
 
     @property
     def best_fraction(self) -> float:
-        """The highest fraction of peak any op reaches: the asymptote of the curve, or the best measured GEMM."""
+        """The highest fraction of peak any op sustains: the asymptote of the curve (or the best measured
+        GEMM) x `sustained`."""
         if self.measured_gemm:
-            return max(f for _, f in self.measured_gemm)
-        return min(self.gemm_peak, self.gemm_max) if self.gemm_max is not None else self.gemm_peak
+            return max(f for _, f in self.measured_gemm) * self.sustained
+        return (min(self.gemm_peak, self.gemm_max) if self.gemm_max is not None else self.gemm_peak) * self.sustained
+
+    @property
+    def attention_rate(self) -> float:
+        """Fused attention's sustained fraction of peak on the work it does: `attention` x `sustained`."""
+        return self.attention * self.sustained
 
     def gemm_fraction(self, m: float, n: float, k: float) -> float:
         """Achieved / peak FLOP/s of an (m, n, k) GEMM (2 m n k FLOPs): the curve, or the measured points
@@ -104,13 +118,14 @@ class ChipMatrix:
             g = math.log((m * n * k) ** (1 / 3))
             pts = [(math.log(x), f) for x, f in self.measured_gemm]
             if g <= pts[0][0]:
-                return pts[0][1]
+                return pts[0][1] * self.sustained
             for (x0, f0), (x1, f1) in zip(pts, pts[1:]):
                 if g <= x1:
-                    return f0 + (f1 - f0) * (g - x0) / (x1 - x0) if x1 > x0 else f1
-            return pts[-1][1]
+                    return (f0 + (f1 - f0) * (g - x0) / (x1 - x0) if x1 > x0 else f1) * self.sustained
+            return pts[-1][1] * self.sustained
         h = self.gemm_half_dim
-        return min(self.best_fraction, self.gemm_peak * (m / (m + h)) * (n / (n + h)) * (k / (k + h)))
+        curve = self.gemm_peak * (m / (m + h)) * (n / (n + h)) * (k / (k + h)) * self.sustained
+        return min(self.best_fraction, curve)
 
     def usable_memory(self, capacity: float) -> float:
         """Bytes a plan may use of `capacity`: less the fragmentation share and the runtime reserve."""
@@ -164,7 +179,7 @@ def matrix_from_table(chip: str, model: str, raw: Mapping[str, Any], sources: Ma
     return ChipMatrix(chip, model, vals["gemm_peak"], vals["gemm_half_dim"], vals["attention"], vals["memory"],
                       vals["intra_link"], vals["nic_link"], vals["intra_latency_s"], vals["nic_latency_s"],
                       vals["memory_reserve_bytes"], vals["memory_fragmentation"], sources=srcs,
-                      gemm_max=vals.get("gemm_max"))
+                      gemm_max=vals.get("gemm_max"), sustained=vals.get("sustained", 1.0))
 
 
 def fused_attention_share(q_len: int, k_len: Optional[int] = None, causal: bool = True,

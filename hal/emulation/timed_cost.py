@@ -293,7 +293,7 @@ def rate_factor(shape: Optional[tuple], matrix: Any) -> float:
     share = shape[1] if shape[0] == "attention" and len(shape) > 1 else 1.0
     if matrix is None:
         return share
-    frac = matrix.attention if shape[0] == "attention" else matrix.gemm_fraction(*shape[1:])
+    frac = matrix.attention_rate if shape[0] == "attention" else matrix.gemm_fraction(*shape[1:])
     return share * matrix.best_fraction / frac if frac > 0 else share
 
 

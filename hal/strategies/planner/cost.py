@@ -441,7 +441,7 @@ def bound_flops_per_sample(facts: Sequence[ChipFacts], m: ModelFacts) -> float:
     attn = 3 * m.layers * 4 * m.seq * m.q_dim * m.seq
     ratios = [1.0]
     for f in facts:
-        rate = f.peak * f.matrix.attention if f.matrix is not None else f.flops
+        rate = f.peak * f.matrix.attention_rate if f.matrix is not None else f.flops
         ratios.append(m.attention_share * f.flops / rate)
     return total - attn * (1.0 - min(ratios))
 
@@ -471,7 +471,7 @@ def _block_seconds(m: ModelFacts, f: ChipFacts, tp: int, mb: int) -> tuple[float
     total = total * mb / tp
     gemm_fl = sum(2 * a * b * c for a, b, c in shapes)
     attn_fl = 4 * m.seq * m.q_dim * tokens / tp
-    attn_rate = f.peak * f.matrix.attention if f.matrix is not None else f.flops
+    attn_rate = f.peak * f.matrix.attention_rate if f.matrix is not None else f.flops
     if not m.fused_attention:      # QK^T (s, s, d) and AV (s, d, s) per head: the same GEMM fraction
         attn_rate = _rate(f, m.seq, m.seq, m.q_dim / m.heads)
     attn = attn_fl * m.attention_share / attn_rate
