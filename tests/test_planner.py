@@ -73,6 +73,20 @@ def test_measured_matrix_replaces_catalog(tmp_path):
     # times short runs, as the catalog's microbenchmarks do)
     assert f.flops == pytest.approx(7e14 * f.matrix.sustained) and f.sources["flops"].startswith("measured")
     assert f.matrix.sustained == catalog_sustained("cuda", "H100") < 1
+    # a native perf run's sustained matmul replaces the catalog's share (hal.conformance perf.sustained_matmul)
+    from hal.conformance.levels.perf import sustained_matmul
+    from hal.core.efficiency import SustainedFigure
+    acc = type("Acc", (), {"device": "cpu", "synchronize": staticmethod(lambda: None)})()
+    run = sustained_matmul(acc, ["float32"], size=64, duration_s=0.05)
+    kept = SustainedFigure(**run)                       # what the perf level writes validates
+    assert kept.rounds >= 6 and 0 < kept.sustained <= 1 and kept.dtype == "float32"
+    em = EfficiencyMatrix.model_validate_json((tmp_path / "h.json").read_text())
+    em.sustained_matmul = SustainedFigure(dtype="bfloat16", m=8192, duration_s=20.0, rounds=900,
+                                          seconds_short=0.0137, seconds_sustained=0.0152, sustained=0.0137 / 0.0152)
+    em.write(tmp_path / "h.json")
+    g = chip_facts(topo.sub_clusters[0], load_matrices(tmp_path))
+    assert g.matrix.sustained == pytest.approx(0.0137 / 0.0152) and g.matrix.sources["sustained"].startswith("measured")
+    assert g.flops == pytest.approx(7e14 * 0.0137 / 0.0152)
     assert f.memory_bw == 3e12 and 1e11 < f.intra_bw < 3e11 and f.sources["intra_bw"].startswith("measured")
     (tmp_path / "bad.json").write_text(json.dumps({"schema_version": "2.0", "chip": "x"}))
     with pytest.raises(ValueError, match="bad.json: not an efficiency matrix"):

@@ -135,7 +135,8 @@ class ChipMatrix:
                       where: str) -> "ChipMatrix":
         """This matrix with the figures an `hal.core.efficiency.EfficiencyMatrix` measured (the perf level):
         its matmuls (dtype bfloat16, else float16) as fractions of `peak` replace the GEMM curve, its
-        device-copy bandwidth over `memory_bw` the memory fraction. Figures it lacks stay as they were."""
+        sustained matmul run (native chips only) the `sustained` share, its device-copy bandwidth over
+        `memory_bw` the memory fraction. Figures it lacks stay as they were."""
         out: dict[str, Any] = {}
         src = dict(self.sources)
         pts = [f for f in measured.matmul if f.dtype == "bfloat16"] or [f for f in measured.matmul
@@ -148,6 +149,12 @@ class ChipMatrix:
             out["measured_gemm"] = tuple(sorted(by.items()))
             src["gemm_peak"] = src["gemm_half_dim"] = f"measured: {where} ({len(pts)} matmul shapes)"
             out["attention"] = min(self.attention, max(by.values()))
+        kept = getattr(measured, "sustained_matmul", None)
+        if kept is not None and not measured.emulated:
+            out["sustained"] = kept.sustained
+            src["sustained"] = (f"measured: {where} ({kept.dtype} {kept.m}^3 back to back for "
+                                f"{kept.duration_s:.0f} s: {kept.seconds_short * 1e3:.3g} ms per round at first, "
+                                f"{kept.seconds_sustained * 1e3:.3g} ms kept)")
         bw = measured.memory_bytes_per_s()
         if bw and memory_bw:
             out["memory"] = min(1.0, max(0.05, bw / memory_bw))

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hal.contract.errors import HalError
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"      # 1.1: sustained_matmul (optional; 1.0 files read as before)
 
 
 class MatmulFigure(BaseModel):
@@ -42,6 +42,20 @@ class BandwidthFigure(BaseModel):
     seconds_median: float = Field(gt=0)
     repeats: int = Field(ge=1)
     fraction_of_peak: Optional[float] = Field(default=None, ge=0)
+
+
+class SustainedFigure(BaseModel):
+    """A matmul run back to back for `duration_s`: its short-run rate (the fastest of the first rounds) against
+    the rate it keeps (the median of the second half of the rounds), e.g. once a power cap engages."""
+    model_config = ConfigDict(extra="forbid")
+
+    dtype: str
+    m: int = Field(ge=1, description="square shape m = n = k")
+    duration_s: float = Field(gt=0)
+    rounds: int = Field(ge=2)
+    seconds_short: float = Field(gt=0, description="one round's seconds at the start (fastest of the first 3)")
+    seconds_sustained: float = Field(gt=0, description="median round seconds over the second half of the run")
+    sustained: float = Field(gt=0, le=1, description="min(1, seconds_short / seconds_sustained)")
 
 
 class CollectiveFigure(BaseModel):
@@ -76,6 +90,8 @@ class EfficiencyMatrix(BaseModel):
     matmul: list[MatmulFigure] = Field(default_factory=list)
     memory_bandwidth: list[BandwidthFigure] = Field(default_factory=list)
     collectives: list[CollectiveFigure] = Field(default_factory=list)
+    # native accelerators only (an emulated chip's host says nothing of the chip's power cap)
+    sustained_matmul: Optional[SustainedFigure] = None
     notes: str = ""
 
     @field_validator("schema_version")

@@ -24,6 +24,7 @@ def assemble(ctx: LocalContext) -> EfficiencyMatrix:
                           + "; ".join(f"{cid} {r.status}: {r.message}" for cid, r in ran.items()))
     meta: dict = {}
     fields: dict[str, list] = {"matmul": [], "memory_bandwidth": [], "collectives": []}
+    sustained = None
     ccl = "not measured"
     for cid, r in passed.items():
         data = r.data
@@ -33,6 +34,7 @@ def assemble(ctx: LocalContext) -> EfficiencyMatrix:
         ccl = data.get("ccl", ccl)
         for key in fields:
             fields[key].extend(data.get(key) or [])
+        sustained = data.get("sustained_matmul") or sustained
     prof_model = meta.get("profile_model")
     if prof_model is None and t.pm is not None:
         prof_model = t.pm.profile(t.chip, None).model
@@ -44,7 +46,8 @@ def assemble(ctx: LocalContext) -> EfficiencyMatrix:
             profile_model=prof_model or "unknown", emulated=t.emulated, device=meta.get("device", "unknown"),
             ccl=ccl, torch_version=meta.get("torch_version") or _torch_version(),
             host=f"{socket.gethostname()} ({platform.processor() or platform.machine()})",
-            measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), notes=notes, **fields)
+            measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), notes=notes,
+            sustained_matmul=None if t.emulated else sustained, **fields)
         # Round-trip through JSON, as a planner will read it.
         return EfficiencyMatrix.model_validate_json(matrix.model_dump_json())
     except Exception as exc:

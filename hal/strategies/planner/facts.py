@@ -153,8 +153,8 @@ def chip_facts(sc, matrices: Optional[dict[str, dict]] = None, dtype: str = "bfl
         raise ValueError(f"sub-cluster {name!r}: chip {chip} model {model_key!r} has no {dtype} peak in the "
                          f"catalog and no measured efficiency matrix; pass --matrix DIR with one")
     flops = cm.best_fraction * peak
-    sus = (f"; x {cm.sustained:.3g} sustained under load: {cm.sources.get('sustained', 'catalog')}"
-           if cm.sustained < 1 else "")
+    sus = (f"; includes x {cm.sustained:.3g}, the chip's sustained share of its short-run rate (the matrix's "
+           f"`sustained`; its source in the catalog)" if cm.sustained < 1 else "")
     if m is not None and m.best_matmul_flops(dtype):
         src["flops"] = f"measured: {mfile} (best {dtype} matmul" + (", EMULATED host" if m.emulated else "") + \
             f", {cm.best_fraction:.3g} of peak; the GEMM curve is its points{sus})"
