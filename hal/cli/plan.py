@@ -88,16 +88,18 @@ def load_inputs(args: argparse.Namespace):
             if not Path(args.cluster).is_file():
                 raise CliError(f"--cluster {args.cluster}: no such file")
             spec = load_cluster_spec(args.cluster)
-            topo = Topology.from_spec(spec.subset(args.only.split(",")) if getattr(args, "only", None) else spec)
+            only = [n.strip() for n in args.only.split(",") if n.strip()] if getattr(args, "only", None) is not None \
+                else None
+            topo = Topology.from_spec(spec.subset(only) if only is not None else spec)
         else:
             if not (envs.HAL_CLUSTER.is_set() or envs.HAL_EMULATE.is_set()):
                 raise CliError("no cluster: pass --cluster SPEC.toml (or set HAL_CLUSTER / HAL_EMULATE)")
-            if getattr(args, "only", None):
+            if getattr(args, "only", None) is not None:
                 raise CliError(f"--only {args.only}: needs --cluster SPEC.toml (the sub-clusters are named there)")
             topo = Topology.from_env()
     except HalError as exc:
-        raise CliError(f"--{'only' if getattr(args, 'only', None) and 'sub-cluster(s)' in str(exc) else 'cluster'}: "
-                       f"{exc}") from None
+        flag = "only" if getattr(args, "only", None) is not None and "sub-cluster(s)" in str(exc) else "cluster"
+        raise CliError(f"--{flag}: {exc}") from None
     try:
         matrices = load_matrices(getattr(args, "matrix", None))
         facts = cluster_facts(topo, matrices)

@@ -210,8 +210,8 @@ class ClusterSpec(BaseModel):
         known = [s.name for s in self.sub_clusters]
         bad = [n for n in want if n not in known]
         if bad or not want:
-            err = ClusterSpecError(f"{self.source or 'cluster spec'}: sub-cluster(s) {bad or want} "
-                                   f"{'not in this cluster' if bad else 'selected: none'}; sub-clusters: {known}")
+            what = f"sub-cluster(s) {bad} not in this cluster" if bad else "no sub-cluster(s) selected"
+            err = ClusterSpecError(f"{self.source or 'cluster spec'}: {what}; sub-clusters: {known}")
             err.source, err.field = self.source or "cluster spec", "sub_clusters"
             err.value, err.line = ",".join(want), None
             raise err
