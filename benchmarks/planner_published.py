@@ -381,9 +381,11 @@ def largest_fitting_n(layout, model: ModelFacts) -> Optional[int]:
 
 def _model(row: Row) -> ModelFacts:
     """The runtime as the row's source ran it (ModelFacts flags, never per-row factors)."""
+    # Megatron-LM deallocates each stage's output after sending it (deallocate_output_tensor) and Llama 3 says it
+    # does the same (section 3.3.2): keeps_stage_outputs False on every row
     return ModelFacts(row.cfg, vocab_parallel=True, sequence_parallel=row.sp, fused_attention=row.fused_attention,
                       tp_overlap=row.tp_overlap, fused_swiglu=row.fused_swiglu,
-                      megatron_p2p=row.megatron_p2p, shard_expert_state=True)
+                      megatron_p2p=row.megatron_p2p, shard_expert_state=True, keeps_stage_outputs=False)
 
 
 def run(row: Row, do_search: bool) -> dict:

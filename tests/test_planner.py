@@ -15,6 +15,7 @@ from hal.strategies.models import ModelConfig
 from hal.strategies.plan import Plan
 from hal.strategies.planner import ModelFacts, chip_facts, search, simulate
 from hal.strategies.planner import plan_search as S
+from hal.strategies.planner.sim_costs import stage_costs
 from hal.strategies.planner.search_shapes import share_rows
 from hal.strategies.planner.convert import from_plan, to_plan
 from hal.strategies.planner.cost import replica_cost
@@ -105,6 +106,28 @@ def test_state_memory_follows_zero_levels():
     # DDP's separate gradient buckets (4 bytes per parameter) at zero 0
     assert mem[0] - mem[2] == pytest.approx(params * (16 + 4 - (2 + 14 / 8)), rel=1e-9)
     assert mem[2] - mem[3] == pytest.approx(params * ((2 + 14 / 8) - 16 / 8) - 2 * SMALL.layer_params() * 2, rel=1e-6)
+
+
+def test_a_stage_keeps_its_in_flight_outputs_where_the_runtime_does():
+    # apply_plan's pipelines keep each in-flight micro-batch's stage output until its backward (HeteroPipeline's
+    # saved[m] = (x, out), torch's fwd_cache): b s h per chunk micro-batch alive, not on the loss's stage;
+    # Megatron-LM and Llama 3 deallocate them (ModelFacts(keeps_stage_outputs=False), the published rows)
+    from hal.strategies.planner.cost import _replica_cost
+    from hal.strategies.planner.layout import outputs_alive
+    f = _facts(_topo(("h", "cuda", "H100", 1, 8)))[0][0]
+    keep, drop = ModelFacts(SMALL), ModelFacts(SMALL, keeps_stage_outputs=False)
+    args = (f, 2, 4, True, False, 3, False, 0, 1, 4)
+    base = _replica_cost(keep, *args).memory
+    assert _replica_cost(keep, *args, outputs_alive=4).memory - base == pytest.approx(4 * keep.boundary_bytes() * 3)
+    assert _replica_cost(drop, *args, outputs_alive=4).memory == pytest.approx(_replica_cost(drop, *args).memory)
+    assert outputs_alive(4, 1, last=True) == 0 and outputs_alive(4, 1, last=False) == 4
+    assert outputs_alive(2.5, 2, last=True) == 5            # interleaved: one per chunk micro-batch alive
+    layout = _uniform_layout(f, 2, 4)
+    mem = [row[0].memory for row in stage_costs(layout, keep)]
+    mem_drop = [row[0].memory for row in stage_costs(layout, drop)]
+    rows = layout.stages[0].reps[0].mb
+    assert mem[0] - mem_drop[0] == pytest.approx(2 * keep.boundary_bytes() * rows)   # 1F1B: min(m, p - s) = 2
+    assert mem[1] == pytest.approx(mem_drop[1])
 
 
 def test_compute_time_is_flops_over_achieved_rate():

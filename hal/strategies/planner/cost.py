@@ -62,7 +62,7 @@ class ModelFacts:
     def __init__(self, cfg, dtype_bytes: int = BF16, op_profile=None, vocab_parallel: bool = False,
                  sequence_parallel: bool = False, fused_attention: bool = True, tp_overlap: bool = False,
                  shard_expert_state: bool = False,
-                 fused_swiglu: bool = False, megatron_p2p: bool = False) -> None:
+                 fused_swiglu: bool = False, megatron_p2p: bool = False, keeps_stage_outputs: bool = True) -> None:
         self.cfg = cfg
         # the embedding, head and loss sharded over TP (Megatron-LM's vocab-parallel layers), as a
         # published run laid out by Megatron-LM has them; False: whole on every TP rank, as apply_plan runs
@@ -95,6 +95,11 @@ class ModelFacts:
         # optimisation (Narayanan et al. 2021, section 4.1) sends 1/t per TP rank and the receiver all-gathers
         # it over TP before computing (`_megatron_p2p_seconds`). False: asynchronous sends (apply_plan; Llama 3)
         self.megatron_p2p = megatron_p2p
+        # a pipeline stage keeps each in-flight micro-batch's output until its backward: apply_plan's runtimes
+        # do (HeteroPipeline's `saved[m] = (x, out)`, torch PipelineStage's fwd_cache), one b s h tensor per
+        # chunk micro-batch alive beyond what the layers saved. False: Megatron-LM's deallocate_output_tensor
+        # and Llama 3's "proactively deallocate ... the output tensors of each pipeline stage" (published runs)
+        self.keeps_stage_outputs = keeps_stage_outputs
         # an op_profile.OpProfile: price compute op by op (a roofline per op) instead of from totals
         self.op_profile = op_profile
         # bytes per activation element (2: bf16 training; 4: an fp32 run, e.g. emulated on a CPU)
@@ -276,13 +281,14 @@ def replica_cost(m: ModelFacts, *args, **kwargs) -> "ReplicaCost":
 def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bool, last: bool, mb: int,
                  recompute: bool, zero: int, dp: int, in_flight: int, tp_bw: Optional[float] = None,
                  ep: Optional[tuple[int, float]] = None, experts_local: Optional[int] = None,
-                 group_mb: Optional[int] = None) -> ReplicaCost:
+                 group_mb: Optional[int] = None, outputs_alive: float = 0.0) -> ReplicaCost:
     """Cost of a replica (TP group of `tp` ranks of chip `f`) running `n_layers` layers for a
     micro-batch of `mb` samples. `dp` is the size of its DP group (for ZeRO sharding), `in_flight`
     the micro-batches whose activations it holds at the peak (1F1B: min(m, p - stage)). MoE: `ep` =
     (EP group size, per-rank all_to_all bandwidth); the replica hosts `experts_local` of the
     model's experts and, with a balanced router, computes that share of the whole EP group's
-    routed tokens (`group_mb` samples per micro-batch), whatever its own micro-batch."""
+    routed tokens (`group_mb` samples per micro-batch), whatever its own micro-batch. `outputs_alive`: the
+    stage (chunk) outputs of micro-batches it keeps at the peak (ModelFacts.keeps_stage_outputs)."""
     tp_bw = tp_bw if tp_bw is not None else f.intra_bw
     kind = recompute_kind(recompute)
     compute_fwd, elementwise, attn = _forward_seconds(m, f, tp, n_layers, last, mb, experts_local, group_mb)
@@ -316,6 +322,8 @@ def _replica_cost(m: ModelFacts, f: ChipFacts, tp: int, n_layers: int, first: bo
     eshard = edp if m.shard_expert_state and zero >= 1 else 1
     memory = _memory_bytes(m, tp, n_layers, last, mb, recompute, zero, dp, in_flight, dense, eparams, layer_p,
                            eshard)
+    if m.keeps_stage_outputs and outputs_alive > 0:     # b s h each, / t where sequence parallel splits it
+        memory += outputs_alive * m.boundary_bytes() * mb / (tp if m.sequence_parallel else 1)
     shard = dp if zero >= 1 else 1
     # the optimizer steps this rank's shard of the dense parameters and of its experts
     optimizer = (dense / shard + eparams / eshard) * ADAM_TRAFFIC / f.memory_bw if op_opt is None else op_opt / shard

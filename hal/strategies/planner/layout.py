@@ -35,6 +35,16 @@ def in_flight(m: int, p: int, s: int, virtual: int = 1, schedule: Union[Schedule
     return interleaved_in_flight(m, p, s, virtual, tuple(chunks) if chunks is not None else None, per_round)
 
 
+def outputs_alive(in_flight: float, virtual: int, last: bool) -> float:
+    """Stage outputs a rank group keeps at its peak (ModelFacts.keeps_stage_outputs): one per chunk
+    micro-batch alive, in_flight x v (in_flight counts stage micro-batches); none where the group's only
+    stage ends in the loss. With v > 1 the group holding the head also counts its last chunk's (an
+    over-count of at most one chunk's share: a plan it passes fits)."""
+    if last and virtual <= 1:
+        return 0.0
+    return in_flight * max(1, virtual)
+
+
 @lru_cache(maxsize=4096)
 def interleaved_in_flight(m: int, p: int, s: int, v: int, chunks: Optional[tuple[int, ...]] = None,
                           per_round: Optional[int] = None) -> float:

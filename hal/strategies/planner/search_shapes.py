@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 from ..schedule import Schedule
 from .cost import GRAD_BYTES, ModelFacts, dp_reduce_time, group_bw, p2p_time, replica_cost
 from .facts import ChipFacts
-from .layout import SEND_AFTER_REDUCTION, in_flight, stage_ends
+from .layout import SEND_AFTER_REDUCTION, in_flight, outputs_alive, stage_ends
 from .sim_chain import chunk_layers
 
 ZERO_LEVELS = (0, 2, 3)
@@ -126,7 +126,7 @@ def estimate(shape: Shape, model: ModelFacts, uniform: bool = False) -> tuple[fl
                 ep, gmb = ep_of(model, shape.ep, dp, g, nic, bm)
                 c = replica_cost(model, g.facts, g.tp, n_layers, first, last, g.mb, recompute, shape.zero,
                                  dp, alive, ep=ep, experts_local=g.experts,
-                                 group_mb=gmb)
+                                 group_mb=gmb, outputs_alive=outputs_alive(alive, v, last))
                 ok = ok and c.memory <= g.facts.memory
                 if c.fwd + c.bwd >= worst:
                     fiw = (c.fwd, c.bwd - c.bwd_weight, c.bwd_weight)

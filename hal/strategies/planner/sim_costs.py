@@ -12,7 +12,7 @@ import copy
 
 from ..schedule import Schedule, stage_order
 from .cost import GRAD_BYTES, ModelFacts, ReplicaCost, gather_time, group_bw, p2p_time, replica_cost
-from .layout import Layout, RepSpec, StageSpec, on_one_node, stage_ends
+from .layout import Layout, RepSpec, StageSpec, on_one_node, outputs_alive, stage_ends
 from .layout import in_flight as layout_in_flight
 from .sim_chain import chunk_layers
 
@@ -78,7 +78,8 @@ def _stage_row(layout: Layout, model: ModelFacts, s: int) -> list[ReplicaCost]:
         if key not in memo:
             memo[key] = copy.copy(replica_cost(model, r.facts, len(r.ranks), st.n_layers, first, last, r.mb,
                                                st.recompute, layout.zero, dp, in_flight, ep=ep,
-                                               experts_local=r.experts, group_mb=gmb))
+                                               experts_local=r.experts, group_mb=gmb,
+                                               outputs_alive=outputs_alive(in_flight, layout.virtual, last)))
         row.append(memo[key])
     return row
 
