@@ -179,11 +179,16 @@ class Elastic:
               + (f" after {step_s:.1f} s" if step_s is not None else "") + f": {err}", file=sys.stderr, flush=True)
 
     def record(self, rec: dict) -> None:
-        """Write one failure record of this rank (`faults/attempt<A>-rank<R>-<ns>.json`)."""
+        """Write one failure record of this rank (`faults/attempt<A>-rank<R>-<ns>.json`), atomically: a rank
+        killed while writing (torchrun stops the others once one fails) leaves a temporary file, never an
+        empty or half-written record for the job's accounting (or a reader) to trip on."""
         d = self.run_dir / "faults"
         d.mkdir(parents=True, exist_ok=True)
         rec = {"rank": self.rank, "attempt": self.attempt, "time": time.time(), **rec}
-        (d / f"attempt{self.attempt}-rank{self.rank}-{time.time_ns()}.json").write_text(json.dumps(rec) + "\n")
+        path = d / f"attempt{self.attempt}-rank{self.rank}-{time.time_ns()}.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(rec) + "\n")
+        tmp.replace(path)
 
 
 def _last_metrics(path: Path, since: float) -> tuple[int, Optional[float]]:
