@@ -533,8 +533,13 @@ def test_errors_are_typed(pool):
     if pool.n != 2:
         pytest.skip("one rank count is enough for the error paths")
     out = pool.run(mismatched_calls, timeout=60)
-    assert [o["type"] for o in out] == ["ShmMismatchError"] * 2, out
-    assert "all_reduce" in out[0]["msg"] and "count 10" in out[0]["msg"] and "count 11" in out[0]["msg"]
+    # the rank that compares first raises ShmMismatchError and aborts the group; the other raises the same, or,
+    # when the abort reaches it before its own comparison (seen once in CI, 2026-11-27), ShmAbortedError whose
+    # message carries the mismatch ("for the reason in the message", errors.py): both name the two calls
+    assert "ShmMismatchError" in [o["type"] for o in out], out
+    for o in out:
+        assert o["type"] in ("ShmMismatchError", "ShmAbortedError"), out
+        assert "all_reduce" in o["msg"] and "count 10" in o["msg"] and "count 11" in o["msg"], out
     out = pool.run(stalled_peer, 1.0, timeout=60)
     assert out[0]["first"] == "ShmTimeoutError" and out[0]["peer"] == 1 and out[0]["op"] == "all_reduce", out
     assert "rank 1 did not arrive within 1.0 s" in out[0]["msg"]
